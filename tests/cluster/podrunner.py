@@ -1,0 +1,449 @@
+"""A minimal kubelet for simulated nodes: runs opted-in pods as real local processes.
+
+Pods annotated `hicache.dev/process-backed: "true"` and bound to a node are started
+here instead of by KWOK: the first container's command and args run with the pod's
+environment (downward-API fields, Secret and ConfigMap references and `$(VAR)`
+expansion resolved as a kubelet would), at an address from `--cidr` added to the
+private namespace's `lo`. The readinessProbe (httpGet) decides ContainersReady, and
+Ready is ContainersReady AND every readinessGate condition, so EndpointSlices show
+ready/not-ready exactly as they would on a real node. A livenessProbe failure or an
+exit restarts the process (restartPolicy Always), counting restarts. Deleting the pod
+stops the process (SIGTERM, grace period, SIGKILL) and then removes the pod object.
+
+Volumes: configMap, secret, emptyDir and the service-account token are materialised
+under the pod's own directory, and mount paths that appear in args or env values are
+rewritten to it, since pods share this machine's filesystem. The token volume becomes
+a kubeconfig (env KUBECONFIG) for the pod's own ServiceAccount, so in-cluster clients
+such as the operator run with exactly the RBAC the chart gives them.
+
+Run: python -m tests.cluster.podrunner --kubeconfig K --workdir D --cidr 10.244.128.0/17
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import ipaddress
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from . import netns
+
+ANNOTATION = "hicache.dev/process-backed"
+log = logging.getLogger("podrunner")
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes `$(VAR)` expansion: unknown references stay literal, `$$` escapes."""
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return _VAR.sub(sub, value)
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def field_ref(pod: dict, path: str, host_ip: str, pod_ip: str) -> str:
+    meta, spec = pod["metadata"], pod["spec"]
+    simple = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
+              "metadata.uid": meta["uid"], "spec.nodeName": spec.get("nodeName", ""),
+              "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+              "status.hostIP": host_ip, "status.podIP": pod_ip, "status.podIPs": pod_ip,
+              "status.hostIPs": host_ip}
+    if path in simple:
+        return simple[path]
+    m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+    if m:
+        return (meta.get(m.group(1)) or {}).get(m.group(2), "")
+    raise ValueError(f"unsupported fieldRef {path}")
+
+
+class IpPool:
+    def __init__(self, cidr: str):
+        self.hosts = ipaddress.ip_network(cidr).hosts()
+        self.free: list[str] = []
+        self.lock = threading.Lock()
+
+    def take(self) -> str:
+        with self.lock:
+            return self.free.pop() if self.free else str(next(self.hosts))
+
+    def give(self, ip: str) -> None:
+        with self.lock:
+            self.free.append(ip)
+
+
+class PodWorker(threading.Thread):
+    """Owns one pod uid: its process, its probes and its status."""
+
+    def __init__(self, runner: "Runner", pod: dict):
+        super().__init__(daemon=True, name=f"pod-{pod['metadata']['name']}")
+        self.runner = runner
+        self.pod = pod
+        self.uid = pod["metadata"]["uid"]
+        self.ns, self.name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        self.dir = runner.workdir / f"{self.ns}_{self.name}_{self.uid[:8]}"
+        self.ip = runner.pool.take() if not pod["spec"].get("hostNetwork") else runner.node_ip(pod)
+        self.host_ip = runner.node_ip(pod)
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self.ready = False
+        self.started_at = now()
+        self.stop_event = threading.Event()
+        self.last_status: tuple | None = None
+        self.liveness_failures = 0
+        self.readiness = {"ok": 0, "fail": 0}
+
+    # -- setup -----------------------------------------------------------------------
+    def container(self) -> dict:
+        return self.pod["spec"]["containers"][0]
+
+    def _mounts(self) -> dict[str, Path]:
+        vols = {v["name"]: v for v in self.pod["spec"].get("volumes", [])}
+        api = self.runner.core
+        mounts: dict[str, Path] = {}
+        for m in self.container().get("volumeMounts", []):
+            v = vols.get(m["name"], {})
+            local = self.dir / "volumes" / m["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            if "configMap" in v:
+                cm = api.read_namespaced_config_map(v["configMap"]["name"], self.ns)
+                for k, val in (cm.data or {}).items():
+                    (local / k).write_text(val)
+            elif "secret" in v:
+                sec = api.read_namespaced_secret(v["secret"]["secretName"], self.ns)
+                for k, val in (sec.data or {}).items():
+                    (local / k).write_bytes(base64.b64decode(val))
+            elif "projected" in v and any("serviceAccountToken" in s for s in v["projected"]["sources"]):
+                self._write_sa_kubeconfig(local)
+            target = local / m["subPath"] if m.get("subPath") else local
+            mounts[m["mountPath"].rstrip("/")] = target
+        return mounts
+
+    def _write_sa_kubeconfig(self, local: Path) -> None:
+        sa = self.pod["spec"].get("serviceAccountName", "default")
+        req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+            audiences=[], expiration_seconds=24 * 3600,
+            bound_object_ref=client.V1BoundObjectReference(kind="Pod", name=self.name, uid=self.uid,
+                                                           api_version="v1")))
+        tok = self.runner.core.create_namespaced_service_account_token(sa, self.ns, req).status.token
+        (local / "token").write_text(tok)
+        (local / "namespace").write_text(self.ns)
+        ca = Path(self.runner.ca_file)
+        (local / "ca.crt").write_bytes(ca.read_bytes())
+        kc = {"apiVersion": "v1", "kind": "Config", "current-context": "sa",
+              "clusters": [{"name": "local", "cluster": {"server": self.runner.server,
+                                                         "certificate-authority": str(local / "ca.crt")}}],
+              "users": [{"name": sa, "user": {"tokenFile": str(local / "token")}}],
+              "contexts": [{"name": "sa", "context": {"cluster": "local", "user": sa,
+                                                      "namespace": self.ns}}]}
+        (local / "kubeconfig").write_text(yaml.safe_dump(kc))
+        self.sa_kubeconfig = local / "kubeconfig"
+
+    def _env(self, mounts: dict[str, Path]) -> dict[str, str]:
+        env: dict[str, str] = {}
+        c, api = self.container(), self.runner.core
+        for src in c.get("envFrom", []):
+            prefix = src.get("prefix", "")
+            if "configMapRef" in src:
+                data = api.read_namespaced_config_map(src["configMapRef"]["name"], self.ns).data or {}
+                env.update({prefix + k: v for k, v in data.items()})
+            if "secretRef" in src:
+                data = api.read_namespaced_secret(src["secretRef"]["name"], self.ns).data or {}
+                env.update({prefix + k: base64.b64decode(v).decode() for k, v in data.items()})
+        for e in c.get("env", []):
+            if "value" in e:
+                env[e["name"]] = expand(e.get("value") or "", env)
+            elif "valueFrom" in e:
+                vf = e["valueFrom"]
+                if "fieldRef" in vf:
+                    env[e["name"]] = field_ref(self.pod, vf["fieldRef"]["fieldPath"], self.host_ip, self.ip)
+                elif "secretKeyRef" in vf:
+                    ref = vf["secretKeyRef"]
+                    data = api.read_namespaced_secret(ref["name"], self.ns).data or {}
+                    if ref["key"] in data:
+                        env[e["name"]] = base64.b64decode(data[ref["key"]]).decode()
+                elif "configMapKeyRef" in vf:
+                    ref = vf["configMapKeyRef"]
+                    data = api.read_namespaced_config_map(ref["name"], self.ns).data or {}
+                    if ref["key"] in data:
+                        env[e["name"]] = data[ref["key"]]
+                elif "resourceFieldRef" in vf:
+                    env[e["name"]] = "0"
+            else:
+                env[e["name"]] = ""
+        return {k: self._rewrite(v, mounts) for k, v in env.items()}
+
+    @staticmethod
+    def _rewrite(value: str, mounts: dict[str, Path]) -> str:
+        for path in sorted(mounts, key=len, reverse=True):
+            value = re.sub(rf"(?<![\w/]){re.escape(path)}(?=/|$|\W)", str(mounts[path]), value)
+        return value
+
+    # -- process -------------------------------------------------------------------------
+    def _start_process(self) -> None:
+        mounts = self._mounts()
+        pod_env = self._env(mounts)
+        c = self.container()
+        argv = [self._rewrite(expand(a, pod_env), mounts) for a in (c.get("command") or []) + (c.get("args") or [])]
+        if not argv:
+            raise ValueError("container has no command: process-backed pods need one")
+        env = {**self.runner.base_env, **pod_env, "HOSTNAME": self.name,
+               "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.runner.apiserver_port)}
+        if getattr(self, "sa_kubeconfig", None):
+            env["KUBECONFIG"] = str(self.sa_kubeconfig)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        logf = open(self.dir / "container.log", "ab")
+        logf.write(f"--- start {now()} (restart {self.restarts}): {argv}\n".encode())
+        logf.flush()
+        self.proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=logf, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        logf.close()
+        self.started_at = now()
+        self.liveness_failures = 0
+        self.readiness = {"ok": 0, "fail": 0}
+        log.info("started %s/%s pid=%s ip=%s: %s", self.ns, self.name, self.proc.pid, self.ip, " ".join(argv))
+
+    def _kill_process(self, grace: float) -> None:
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+
+    # -- probes --------------------------------------------------------------------------
+    def _probe(self, probe: dict | None) -> bool | None:
+        if not probe or "httpGet" not in probe:
+            return None
+        hg = probe["httpGet"]
+        port = hg.get("port")
+        if isinstance(port, str) and not port.isdigit():
+            port = next((p["containerPort"] for p in self.container().get("ports", []) if p.get("name") == port), None)
+        url = f"{hg.get('scheme', 'HTTP').lower()}://{hg.get('host') or self.ip}:{port}{hg.get('path', '/')}"
+        try:
+            r = httpx.get(url, timeout=probe.get("timeoutSeconds", 1), verify=False)
+            return 200 <= r.status_code < 400
+        except httpx.HTTPError:
+            return False
+
+    def _gates_ok(self) -> bool:
+        conds = {c["type"]: c["status"] for c in (self.pod.get("status") or {}).get("conditions") or []}
+        return all(conds.get(g["conditionType"]) == "True" for g in self.pod["spec"].get("readinessGates") or [])
+
+    # -- status ----------------------------------------------------------------------------
+    def _patch_status(self, containers_ready: bool, running: bool, last_exit: int | None = None) -> None:
+        ready = containers_ready and self._gates_ok()
+        key = (containers_ready, ready, running, self.restarts)
+        if key == self.last_status:
+            return
+        t = now()
+        c = self.container()
+        state = {"running": {"startedAt": self.started_at}} if running else \
+            {"waiting": {"reason": "CrashLoopBackOff", "message": f"exited with {last_exit}"}}
+        body = {"status": {
+            "phase": "Running", "hostIP": self.host_ip, "hostIPs": [{"ip": self.host_ip}],
+            "podIP": self.ip, "podIPs": [{"ip": self.ip}], "startTime": self.started_at,
+            "conditions": [
+                {"type": "Initialized", "status": "True", "lastTransitionTime": t},
+                {"type": "ContainersReady", "status": str(containers_ready), "lastTransitionTime": t},
+                {"type": "Ready", "status": str(ready), "lastTransitionTime": t}],
+            "containerStatuses": [{"name": c["name"], "image": c.get("image", ""), "imageID": "",
+                                   "ready": containers_ready, "started": running,
+                                   "restartCount": self.restarts, "state": state}]}}
+        try:
+            self.runner.core.patch_namespaced_pod_status(self.name, self.ns, body)
+            self.last_status = key
+        except ApiException as e:
+            if e.status == 404:
+                self.stop_event.set()
+            else:
+                log.warning("status patch for %s/%s failed: %s", self.ns, self.name, e.reason)
+
+    # -- main loop --------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            if not self.pod["spec"].get("hostNetwork"):
+                netns.add_address(self.ip)
+            self._start_process()
+        except Exception as e:  # a pod that cannot start stays not-ready, like a kubelet would
+            log.exception("cannot start %s/%s", self.ns, self.name)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / "container.log").write_text(f"cannot start: {e}\n")
+            self._patch_status(False, False, last_exit=-1)
+            self.stop_event.wait()
+            self._cleanup()
+            return
+        c = self.container()
+        rp, lp = c.get("readinessProbe"), c.get("livenessProbe")
+        period = min((rp or {}).get("periodSeconds", 1), 2)
+        backoff = 1.0
+        while not self.stop_event.is_set():
+            code = self.proc.poll()
+            if code is not None:
+                self.ready = False
+                self._patch_status(False, False, last_exit=code)
+                if self.stop_event.wait(backoff):
+                    break
+                backoff = min(backoff * 2, 10)
+                self.restarts += 1
+                self._start_process()
+                continue
+            ok = self._probe(rp)
+            if ok is None:
+                self.ready = True
+            else:
+                self.readiness["ok" if ok else "fail"] += 1
+                self.readiness["fail" if ok else "ok"] = 0
+                if ok and self.readiness["ok"] >= (rp.get("successThreshold") or 1):
+                    self.ready = True
+                elif not ok and self.readiness["fail"] >= (rp.get("failureThreshold") or 3):
+                    self.ready = False
+            live = self._probe(lp)
+            if live is False:
+                self.liveness_failures += 1
+                if self.liveness_failures >= (lp.get("failureThreshold") or 3):
+                    log.info("liveness failed for %s/%s: restarting", self.ns, self.name)
+                    self._kill_process(grace=2)
+                    continue
+            else:
+                self.liveness_failures = 0
+            self._patch_status(self.ready, True)
+            self.stop_event.wait(period)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        grace = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), 30.0)
+        self._kill_process(grace)
+        if not self.pod["spec"].get("hostNetwork"):
+            netns.del_address(self.ip)
+            self.runner.pool.give(self.ip)
+        try:  # the kubelet's last word: the pod object goes once its process is gone
+            self.runner.core.delete_namespaced_pod(
+                self.name, self.ns, body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)))
+        except ApiException:
+            pass
+        log.info("stopped %s/%s", self.ns, self.name)
+
+
+class Runner:
+    def __init__(self, kubeconfig: str, workdir: Path, cidr: str, apiserver_port: int):
+        api = config.new_client_from_config(config_file=kubeconfig)
+        self.core = client.CoreV1Api(api)
+        self.server = api.configuration.host
+        self.ca_file = api.configuration.ssl_ca_cert
+        self.workdir = workdir
+        self.pool = IpPool(cidr)
+        self.apiserver_port = apiserver_port
+        self.workers: dict[str, PodWorker] = {}
+        self.node_ips: dict[str, str] = {}
+        self.base_env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+
+    def node_ip(self, pod: dict) -> str:
+        node = pod["spec"]["nodeName"]
+        if node not in self.node_ips:
+            n = self.core.read_node(node)
+            self.node_ips[node] = next(a.address for a in n.status.addresses if a.type == "InternalIP")
+        return self.node_ips[node]
+
+    def handle(self, kind: str, pod: dict) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        if (meta.get("annotations") or {}).get(ANNOTATION) != "true" or not pod["spec"].get("nodeName"):
+            return
+        w = self.workers.get(uid)
+        if kind == "DELETED" or meta.get("deletionTimestamp"):
+            if w:
+                w.pod = pod
+                w.stop_event.set()
+                self.workers.pop(uid, None)
+            elif kind != "DELETED":
+                # deleted before we started it (or by a previous runner): finish the deletion
+                try:
+                    self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body=client.V1DeleteOptions(
+                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+                except ApiException:
+                    pass
+            return
+        if w is None:
+            w = self.workers[uid] = PodWorker(self, pod)
+            w.start()
+        else:
+            w.pod = pod
+            if w.proc is not None:
+                w._patch_status(w.ready, w.proc.poll() is None)
+
+    def run(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        rv = None
+        while True:
+            try:
+                if rv is None:
+                    lst = self.core.list_pod_for_all_namespaces()
+                    rv = lst.metadata.resource_version
+                    for p in lst.items:
+                        self.handle("ADDED", self.core.api_client.sanitize_for_serialization(p))
+                for ev in watch.Watch().stream(self.core.list_pod_for_all_namespaces, resource_version=rv,
+                                               timeout_seconds=60, allow_watch_bookmarks=True):
+                    obj = ev["raw_object"]
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self.handle(ev["type"], obj)
+            except ApiException as e:
+                if e.status == 410:
+                    rv = None
+                else:
+                    log.warning("watch error: %s", e.reason)
+                    time.sleep(1)
+            except Exception as e:  # apiserver restarts must not kill the kubelet
+                log.warning("watch interrupted: %s", e)
+                time.sleep(1)
+                rv = None
+
+    def shutdown(self, *_: object) -> None:
+        for w in list(self.workers.values()):
+            w.pod["spec"]["terminationGracePeriodSeconds"] = 2
+            w.stop_event.set()
+        for w in list(self.workers.values()):
+            w.join(timeout=10)
+        sys.exit(0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--workdir", required=True, type=Path)
+    ap.add_argument("--cidr", required=True)
+    ap.add_argument("--apiserver-port", required=True, type=int)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
+    runner = Runner(args.kubeconfig, args.workdir, args.cidr, args.apiserver_port)
+    signal.signal(signal.SIGTERM, runner.shutdown)
+    runner.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Session-wide test setup.
+
+Every pytest run moves itself into a fresh private network namespace before any
+thread starts (when it can: root). Process-backed pods then get addresses that exist
+only there, so no test traffic can reach any address outside loopback and that
+namespace. Set HICACHE_E2E_KUBECONFIG to run the e2e tests against an existing
+cluster (e.g. kind) instead of the local control plane.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.cluster import netns  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("HICACHE_NO_NETNS") != "1":
+        netns.enter_private_netns()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    mode = "private network namespace" if netns.is_private_netns() else "host network (loopback only)"
+    return f"hicache: tests run in a {mode}"
