@@ -59,7 +59,8 @@ LOOPBACK_NET = Network("127.1.0.0/17", "127.1.128.0/17", "127.0.0", False)
 
 
 def default_nodes(n_gpu: int = 3, n_cpu: int = 1) -> list[NodeSpec]:
-    nodes = [NodeSpec(f"gpu-{i}", gpus=8, memory="1Ti" if i % 2 == 0 else "2Ti",
+    """GPU nodes cycle through 1Ti, 512Gi and 2Ti of memory (the samples' messages name gpu-1)."""
+    nodes = [NodeSpec(f"gpu-{i}", gpus=8, memory=("1Ti", "512Gi", "2Ti")[i % 3],
                       labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
              for i in range(n_gpu)]
     nodes += [NodeSpec(f"cpu-{i}", gpus=0, memory="256Gi") for i in range(n_cpu)]

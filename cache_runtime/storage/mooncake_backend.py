@@ -1,0 +1,402 @@
+"""``mooncake`` L3 backend on the real ``mooncake.store.MooncakeDistributedStore``.
+
+Keys follow SGLang's ``MooncakeStore``: MHA pages are two objects ``{hash}_{tp_rank}_k`` and
+``{hash}_{tp_rank}_v`` (first and second half of the page bytes; with PP,
+``{hash}_{tp_rank}_{pp_rank}_k|v``); MLA pages are one object ``{hash}_k`` (with PP
+``{hash}_{pp_rank}_k``); an ``extra_backend_tag`` prefixes every key as ``{tag}_{key}``.
+
+Data moves with Mooncake's zero-copy batch calls (``batch_put_from`` / ``batch_get_into``).
+Memory must be registered with the store for that: the engine registers its L2 pool once with
+:meth:`register_buffer` (as SGLang does); any other tensor is registered for the duration of
+the call (a few microseconds on TCP).
+
+Availability (measured on mooncake 0.3.13, see docs/l3-backends.md): with the master gone,
+every store call blocks ~4.3 s, ``close()`` blocks ~13 s with the GIL held, and ``setup()``
+blocks ~4.5 s per retry. So we (a) poll the master's RPC port before ``setup``, (b) ask the
+client's own ``health_check()`` (local, instant; it turns "unreachable" within ~1-2 s of the
+master dying) before each call, and treat an RPC_FAIL result the same way: both raise
+:class:`StorageUnavailable` and mark the backend degraded. While degraded every call raises at
+once, except that at most every ``retry_interval_s`` one call probes again (master port open and
+``health_check() == 0``). Reconnection itself is Mooncake's: its client keeps pinging the master
+and re-mounts its segment when a master comes back (about 1 s after it listens), so the same
+client object is reused; pages stored before the restart are gone with the old master's
+metadata and read as misses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import urllib.request
+from collections import Counter
+from contextlib import contextmanager
+
+import torch
+
+from cache_runtime.storage.base import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    StorageUnavailable,
+    as_byte_view,
+    check_same_length,
+    values_from,
+)
+from cache_runtime.storage.mooncake_config import load_mooncake_config
+
+log = logging.getLogger(__name__)
+
+RPC_FAIL = -900  # mooncake ErrorCode::RPC_FAIL: the master did not answer
+_WARMUP_BYTES = 4096
+_PROBE_KEY = "hicache_probe"
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_for_port(host: str, port: int, deadline_s: float) -> bool:
+    end = time.monotonic() + deadline_s
+    while True:
+        if port_open(host, port, timeout=min(0.5, max(0.05, end - time.monotonic()))):
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.1)
+
+
+def _merged_ranges(parts: list[torch.Tensor]) -> list[tuple[int, int]]:
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel()) for t in parts if t.numel())
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+class MooncakeStore(HiCacheStorage):
+    def __init__(self, storage_config: HiCacheStorageConfig) -> None:
+        extra = dict(storage_config.extra_config or {})
+        self.config = load_mooncake_config(extra)
+        try:
+            master_wait_s = float(extra.get("master_wait_s", 5.0))
+            self.retry_interval_s = float(extra.get("retry_interval_s", 1.0))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"mooncake backend: master_wait_s / retry_interval_s must be numbers: {exc}") from exc
+        self._tag = None if extra.get("extra_backend_tag") is None else str(extra["extra_backend_tag"])
+        self._mla = storage_config.is_mla_model
+        if storage_config.pp_size > 1:
+            self._mha_suffix = f"{storage_config.tp_rank}_{storage_config.pp_rank}"
+            self._mla_suffix = f"_{storage_config.pp_rank}"
+        else:
+            self._mha_suffix = f"{storage_config.tp_rank}"
+            self._mla_suffix = ""
+
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as exc:
+            raise ValueError("mooncake backend needs the mooncake package "
+                             "(scripts/install-mooncake.sh installs mooncake-transfer-engine-non-cuda)") from exc
+
+        host, port = self.config.master_host_port
+        if not wait_for_port(host, port, master_wait_s):
+            raise StorageUnavailable(f"mooncake master {self.config.master_server_address} "
+                                     f"not reachable within {master_wait_s:.1f}s (config from {self.config.source})")
+        if self.config.check_server:
+            self._wait_for_segments(host, master_wait_s)
+
+        # One setup attempt (~4.5 s) instead of Mooncake's default 20 (~90 s) when the master vanishes
+        # between our port check and setup; an operator can still raise it in the pod env.
+        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
+        store = MooncakeDistributedStore()
+        segment = self.config.global_segment_size // max(1, storage_config.tp_size * storage_config.pp_size)
+        rc = store.setup(self.config.local_hostname, self.config.metadata_server, segment,
+                         self.config.local_buffer_size, self.config.protocol,
+                         self._device_for(storage_config.tp_rank), self.config.master_server_address)
+        if rc != 0:
+            raise StorageUnavailable(f"mooncake setup against {self.config.master_server_address} failed (rc={rc})")
+        self._store = store
+        self._registered: list[tuple[int, int]] = []
+        self._temp_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._degraded_reason: str | None = None
+        self._last_probe = 0.0
+        self._closed = False
+        self._stats: Counter[str] = Counter()
+        self._warmup()
+        self._segment_name = store.get_hostname()  # "<local_hostname>:<port>", as the master lists it
+        log.info("mooncake backend ready: master=%s segment=%s (config from %s)",
+                 self.config.master_server_address, self._segment_name, self.config.source)
+
+    # -- setup helpers -------------------------------------------------------------------------
+
+    def _device_for(self, tp_rank: int) -> str:
+        """``device_name`` may be a JSON map of tp_rank -> RDMA device (SGLang)."""
+        name = self.config.device_name
+        if not name.strip().startswith("{"):
+            return name
+        try:
+            mapping = json.loads(name)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"mooncake device_name looks like JSON but does not parse: {exc}") from exc
+        return str(mapping.get(str(tp_rank), ""))
+
+    def _wait_for_segments(self, host: str, deadline_s: float) -> None:
+        """``check_server``: wait (bounded) until the master lists at least one memory segment."""
+        url = f"http://{host}:{self.config.master_metrics_port}/get_all_segments"
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as resp:
+                    if resp.read().strip():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise StorageUnavailable(f"mooncake master at {url} lists no segments after {deadline_s:.1f}s")
+
+    def _warmup(self) -> None:
+        """One real put/get/remove, so a backend that constructs is one that works."""
+        key = f"hicache_warmup_{os.getpid()}_{id(self)}"
+        value = bytes(range(256)) * (_WARMUP_BYTES // 256)
+        ok = self._store.put(key, value) == 0 and self._store.get(key) == value
+        self._store.remove(key, True)
+        if not ok:
+            self._abandon()
+            raise StorageUnavailable(f"mooncake warmup put/get failed against {self.config.master_server_address}")
+
+    # -- availability ------------------------------------------------------------------------------
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded_reason is not None
+
+    def _mark_degraded(self, reason: str) -> StorageUnavailable:
+        with self._state_lock:
+            if self._degraded_reason is None:
+                log.warning("mooncake backend unavailable: %s", reason)
+                self._stats["degraded_events"] += 1
+            self._degraded_reason = reason
+            self._last_probe = time.monotonic()
+        return StorageUnavailable(f"mooncake master {self.config.master_server_address}: {reason}")
+
+    def _guard(self) -> None:
+        """Raise StorageUnavailable at once unless the master is believed reachable."""
+        if self._closed:
+            raise StorageUnavailable("mooncake backend is closed")
+        if self._degraded_reason is None:
+            if self._store.health_check() != 0:
+                raise self._mark_degraded("client health check reports the master unreachable")
+            return
+        with self._state_lock:
+            if time.monotonic() - self._last_probe < self.retry_interval_s:
+                raise StorageUnavailable(f"mooncake master {self.config.master_server_address}: "
+                                         f"{self._degraded_reason}")
+            self._last_probe = time.monotonic()
+        host, port = self.config.master_host_port
+        # The RPC also flushes pooled connections to a dead master, which each fail once with RPC_FAIL.
+        if (not port_open(host, port) or self._store.health_check() != 0
+                or self._store.batch_is_exist([_PROBE_KEY])[0] == RPC_FAIL):
+            raise StorageUnavailable(f"mooncake master {self.config.master_server_address}: still unreachable")
+        with self._state_lock:
+            self._degraded_reason = None
+        log.warning("mooncake backend: master %s reachable again", self.config.master_server_address)
+
+    def _check_rpc(self, results: list[int]) -> None:
+        if any(r == RPC_FAIL for r in results):
+            raise self._mark_degraded("store call failed with RPC_FAIL")
+
+    # -- keys and memory --------------------------------------------------------------------------
+
+    def _object_keys(self, key: str) -> list[str]:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"invalid storage key {key!r}")
+        base = key if self._tag is None else f"{self._tag}_{key}"
+        if self._mla:
+            return [f"{base}{self._mla_suffix}_k"]
+        return [f"{base}_{self._mha_suffix}_k", f"{base}_{self._mha_suffix}_v"]
+
+    def _split(self, page: torch.Tensor, key: str) -> list[torch.Tensor]:
+        if self._mla:
+            return [page]
+        n = page.numel()
+        if n == 0 or n % 2:
+            raise ValueError(f"MHA page for {key!r} must have an even, non-zero byte count (K then V), got {n}")
+        return [page[: n // 2], page[n // 2 :]]
+
+    def register_buffer(self, tensor: torch.Tensor) -> None:
+        view = as_byte_view(tensor, "buffer")
+        start = view.data_ptr()
+        rc = self._store.register_buffer(start, view.numel())
+        if rc != 0:
+            raise ValueError(f"mooncake register_buffer failed (rc={rc}); overlapping an already registered buffer?")
+        self._registered.append((start, start + view.numel()))
+
+    def _is_registered(self, part: torch.Tensor) -> bool:
+        start, end = part.data_ptr(), part.data_ptr() + part.numel()
+        return any(s <= start and end <= e for s, e in self._registered)
+
+    @contextmanager
+    def _memory_for(self, parts: list[torch.Tensor]):
+        """Register for this call whatever the engine did not register up front. Yields False if that fails."""
+        ranges = _merged_ranges([p for p in parts if not self._is_registered(p)])
+        if not ranges:
+            yield True
+            return
+        with self._temp_lock:
+            done = []
+            try:
+                for start, end in ranges:
+                    if self._store.register_buffer(start, end - start) != 0:
+                        log.warning("mooncake: cannot register a %d-byte buffer for this call", end - start)
+                        yield False
+                        return
+                    done.append(start)
+                yield True
+            finally:
+                for start in done:
+                    self._store.unregister_buffer(start)
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        check_same_length(keys, target_locations, "target_locations")
+        check_same_length(keys, target_sizes, "target_sizes")
+        self._guard()
+        obj_keys = [self._object_keys(k) for k in keys]
+        if target_locations is not None:
+            pages = [as_byte_view(t, "target_location") for t in target_locations]
+        else:
+            pages = []
+            for i, ks in enumerate(obj_keys):
+                if target_sizes is not None:
+                    size = int(target_sizes[i])
+                else:
+                    sizes = [self._store.get_size(k) for k in ks]
+                    self._check_rpc(sizes)
+                    size = sum(sizes) if all(s > 0 for s in sizes) and len(set(sizes)) == 1 else 0
+                pages.append(torch.empty(size, dtype=torch.uint8))
+        ok = [p.numel() > 0 and (self._mla or p.numel() % 2 == 0) for p in pages]
+        flat_keys, parts, owner = [], [], []
+        for i, (ks, page) in enumerate(zip(obj_keys, pages)):
+            if ok[i]:
+                for k, part in zip(ks, self._split(page, keys[i])):
+                    flat_keys.append(k)
+                    parts.append(part)
+                    owner.append(i)
+        if flat_keys:
+            with self._memory_for(parts) as usable:
+                results = (self._store.batch_get_into(flat_keys, [p.data_ptr() for p in parts],
+                                                      [p.numel() for p in parts])
+                           if usable else [-1] * len(parts))
+            self._check_rpc(results)
+            for i, r, part in zip(owner, results, parts):
+                if r != part.numel():  # missing (<0) or a stored object of another size
+                    ok[i] = False
+        out = []
+        for i, page in enumerate(pages):
+            self._stats["hits" if ok[i] else "misses"] += 1
+            out.append((page if target_locations is None else target_locations[i]) if ok[i] else None)
+        return out
+
+    def get(self, key, target_location=None, target_sizes=None):
+        return self.batch_get([key], None if target_location is None else [target_location],
+                              None if target_sizes is None else [target_sizes])[0]
+
+    def _exist_flags(self, keys: list[str]) -> list[list[int]]:
+        obj_keys = [self._object_keys(k) for k in keys]
+        flat = [k for ks in obj_keys for k in ks]
+        results = list(self._store.batch_is_exist(flat)) if flat else []
+        self._check_rpc(results)
+        per = 1 if self._mla else 2
+        return [results[i * per : (i + 1) * per] for i in range(len(keys))]
+
+    def batch_exists(self, keys, extra_info=None) -> int:
+        self._guard()
+        for i, flags in enumerate(self._exist_flags(list(keys))):
+            if not all(f == 1 for f in flags):
+                return i
+        return len(keys)
+
+    def exists(self, key) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
+        tensors = values_from(keys, values, target_locations)
+        pages = [as_byte_view(t, "value") for t in tensors]
+        split = [self._split(p, k) for p, k in zip(pages, keys)]
+        self._guard()
+        flags = self._exist_flags(list(keys))
+        put_keys, parts = [], []
+        for ks, page_parts, page_flags in zip((self._object_keys(k) for k in keys), split, flags):
+            if not all(f == 1 for f in page_flags):  # as SGLang, complete pages are not rewritten
+                put_keys.extend(ks)
+                parts.extend(page_parts)
+        self._stats["writes_skipped_existing"] += sum(all(f == 1 for f in fl) for fl in flags)
+        if not put_keys:
+            return True
+        with self._memory_for(parts) as usable:
+            # upsert, not put: a page with only one half left must get both halves from the same write
+            results = (self._store.batch_upsert_from(put_keys, [p.data_ptr() for p in parts],
+                                                     [p.numel() for p in parts])
+                       if usable else [-1] * len(parts))
+        self._check_rpc(results)
+        failed = sum(1 for r in results if r != 0)
+        self._stats["write_failures"] += failed
+        self._stats["writes"] += len(results) - failed
+        return failed == 0
+
+    def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:
+        tensor = value if value is not None else target_location
+        if tensor is None:
+            raise ValueError("set needs value or target_location")
+        return self.batch_set([key], [tensor])
+
+    # -- admin -----------------------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Remove this rank's objects (this tag and key suffix); SGLang instead wipes the whole store."""
+        self._guard()
+        prefix = "" if self._tag is None else re.escape(self._tag) + "_"
+        tail = re.escape(self._mla_suffix) + "_k" if self._mla else "_" + re.escape(self._mha_suffix) + "_[kv]"
+        removed = self._store.remove_by_regex(f"^{prefix}.+{tail}$", True)
+        self._check_rpc([removed])
+        log.info("mooncake backend: cleared %s objects", removed)
+
+    def get_stats(self) -> dict:
+        stats = dict(self._stats)
+        stats.update(backend="mooncake", degraded=self.degraded, degraded_reason=self._degraded_reason,
+                     master=self.config.master_server_address, local_hostname=self.config.local_hostname,
+                     segment_name=self._segment_name)
+        return stats
+
+    def _abandon(self) -> None:
+        """Keep the client alive forever: destroying it while the master is gone blocks ~13 s with the GIL held."""
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._store))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        host, port = self.config.master_host_port
+        if self.degraded or self._store.health_check() != 0 or not port_open(host, port):
+            log.warning("mooncake backend: master unreachable at close; leaving the client to process exit")
+            self._abandon()
+            return
+        for start, _ in self._registered:
+            self._store.unregister_buffer(start)
+        self._registered.clear()
+        self._store.close()

@@ -1,0 +1,1 @@
+"""HiCacheDeployment operator: spec models, validation, sizing, rendering and kopf handlers."""

@@ -1,0 +1,165 @@
+"""Generate crds/hicache.dev_hicachedeployments.yaml from the spec and status models.
+
+Pydantic emits JSON Schema 2020-12; the API server wants a structural OpenAPI v3.0 schema. The
+conversion inlines ``$ref``s, turns ``X | None`` into an optional X, ``int | str`` into
+int-or-string, free-form dicts into preserve-unknown-fields objects, and numeric exclusive bounds
+into the v3.0 boolean form. ``python -m hicache_operator.crdgen --check`` fails when the committed
+file drifts from the models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hicache_operator import spec as s
+from hicache_operator.rules import cel_rules
+from hicache_operator.status import HiCacheDeploymentStatus
+
+CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / "hicache.dev_hicachedeployments.yaml"
+
+_DROP = {"title", "additionalProperties", "$defs"}
+
+PRINTER_COLUMNS = [
+    {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Ready pods / desired pods"},
+    {"name": "Engine", "type": "string", "jsonPath": ".spec.engine"},
+    {"name": "Backend", "type": "string", "jsonPath": ".status.currentBackend",
+     "description": "L3 backend the pods currently run"},
+    {"name": "Target", "type": "string", "jsonPath": ".status.targetBackend",
+     "description": "L3 backend the spec asks for"},
+    {"name": "Swap", "type": "string", "jsonPath": ".status.swapProgress",
+     "description": "Pods on the target storage config / pods"},
+    {"name": "Host-Pool", "type": "string", "jsonPath": ".status.hostPool",
+     "description": "Host (L2) pool per rank"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """One pydantic JSON-schema node as a structural OpenAPI v3.0 node."""
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return structural(merged, defs)
+    if "anyOf" in node:
+        outer = {k: v for k, v in node.items() if k != "anyOf"}
+        branches = [b for b in node["anyOf"] if b.get("type") != "null"]
+        if len(branches) == 1:
+            return structural({**branches[0], **outer}, defs)
+        if sorted(b.get("type") for b in branches) == ["integer", "string"]:
+            out = _scalars(outer)
+            out["x-kubernetes-int-or-string"] = True
+            return out
+        raise ValueError(f"cannot express {node} in a structural schema")
+
+    out = _scalars(node)
+    kind = node.get("type")
+    if kind == "object":
+        props = node.get("properties")
+        extra = node.get("additionalProperties")
+        if props is not None:
+            out["properties"] = {name: structural(sub, defs) for name, sub in props.items()}
+        elif isinstance(extra, dict) and extra:
+            out["additionalProperties"] = structural(extra, defs)
+        else:
+            out["x-kubernetes-preserve-unknown-fields"] = True
+    elif kind == "array":
+        items = structural(node.get("items", {}), defs)
+        if items.get("type") is None:
+            items = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        out["items"] = items
+    return out
+
+
+def _scalars(node: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP or key in ("properties", "items", "anyOf", "$ref"):
+            continue
+        if key == "default" and (value is None or isinstance(value, (dict, list))):
+            continue  # objects are defaulted by the operator, never by the API server
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            value = True
+        if key == "const":
+            key, value = "enum", [value]
+        out[key] = value
+    if "required" in out and not out["required"]:
+        del out["required"]
+    return out
+
+
+def model_schema(model: type) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return structural(raw, raw.get("$defs", {}))
+
+
+def build_crd() -> dict[str, Any]:
+    spec_schema = model_schema(s.HiCacheDeploymentSpec)
+    status_schema = model_schema(HiCacheDeploymentStatus)
+    root = {
+        "type": "object",
+        "description": "A fleet of GPU pods serving a model with a hierarchical KV cache (GPU / host DRAM / L3).",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+        "x-kubernetes-validations": cel_rules("root"),
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{s.PLURAL}.{s.GROUP}"},
+        "spec": {
+            "group": s.GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": s.KIND, "listKind": f"{s.KIND}List", "plural": s.PLURAL,
+                      "singular": s.SINGULAR, "shortNames": [s.SHORT_NAME], "categories": ["hicache"]},
+            "versions": [{
+                "name": s.VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {
+                    "status": {},
+                    "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                              "labelSelectorPath": ".status.selector"},
+                },
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": root},
+            }],
+        },
+    }
+
+
+def render_yaml() -> str:
+    header = "# GENERATED by `python -m hicache_operator.crdgen` from hicache_operator/spec.py and status.py. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hicache_operator.crdgen", description=__doc__.splitlines()[0])
+    parser.add_argument("--output", "-o", type=Path, default=CRD_PATH, help="where to write (default: %(default)s)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the file differs from the models")
+    args = parser.parse_args(argv)
+    text = render_yaml()
+    if args.check:
+        current = args.output.read_text() if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is out of date: run python -m hicache_operator.crdgen", file=sys.stderr)
+            return 1
+        return 0
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

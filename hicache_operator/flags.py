@@ -1,0 +1,171 @@
+"""The one table of HiCache settings.
+
+Every setting a HiCacheDeployment can carry to the serving process is declared here once: the
+spec models take their enums, defaults and help text from it (and so does the generated CRD), the
+validation layer takes the known extra-config keys from it, and both command-line renderers walk
+it. The bundled runtime accepts SGLang's own flag names, so one ``cli`` column serves both engines;
+``engines`` says where a flag does not exist on one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+BOTH = frozenset({"bundled", "sglang"})
+
+ENGINES = ("bundled", "sglang")
+STORAGE_BACKENDS = ("none", "file", "mooncake", "dynamic")
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+IO_BACKENDS = ("kernel", "direct")
+MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+MOONCAKE_PROTOCOLS = ("tcp", "rdma")
+
+RUNTIME_PORT = 30000
+STORAGE_CONFIG_DIR = "/etc/hicache/storage"
+STORAGE_CONFIG_FILE = "extra_config.json"
+ADMIN_KEY_ENV = "HICACHE_ADMIN_API_KEY"
+
+
+@dataclass(frozen=True)
+class Flag:
+    key: str  # dotted path inside .spec, camelCase as the user writes it
+    cli: str  # SGLang's flag name; the bundled runtime accepts the same
+    kind: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    engines: frozenset[str] = BOTH
+    # Part of the L3 storage configuration: changed live by detach/attach, so it is left out of
+    # the pod restart hash and never restarts a pod by itself.
+    storage: bool = False
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("model", "--model-path", str, "builtin:tiny",
+         "Model served: a Hugging Face id or local path (sglang), or builtin:tiny/builtin:small (bundled)."),
+    Flag("parallelism.tp", "--tp-size", int, 1, "Tensor-parallel ranks inside each pod (one GPU each)."),
+    Flag("parallelism.dp", "--dp-size", int, 1,
+         "Data-parallel attention groups inside the TP group (must divide tp; uses no extra GPUs)."),
+    Flag("parallelism.pp", "--pp-size", int, 1, "Pipeline-parallel stages inside each pod (tp x pp GPUs)."),
+    Flag("pageSize", "--page-size", int, 1, "Tokens per KV page (the unit of L2/L3 transfers and hashing)."),
+    Flag("maxTotalTokens", "--max-total-tokens", int, None,
+         "L1 device pool size in tokens; unset lets the engine derive it from GPU memory."),
+    Flag("hicache.hostPool.ratio", "--hicache-ratio", float, 2.0,
+         "Host (L2) pool size as a multiple of the device pool; must be > 1."),
+    Flag("hicache.hostPool.sizeGBPerRank", "--hicache-size", int, 0,
+         "Host (L2) pool size per rank in GB (1e9 bytes); overrides the ratio."),
+    Flag("hicache.writePolicy", "--hicache-write-policy", str, "write_through",
+         "When device pages are backed up to host memory.", WRITE_POLICIES),
+    Flag("hicache.ioBackend", "--hicache-io-backend", str, "kernel",
+         "Host<->device copy path: transfer kernels or direct copies.", IO_BACKENDS),
+    Flag("hicache.memLayout", "--hicache-mem-layout", str, "layer_first",
+         "Host pool memory layout.", MEM_LAYOUTS),
+    Flag("hicache.storage.backend", "--hicache-storage-backend", str, "none",
+         "L3 storage backend; none keeps the cache in L1+L2.", STORAGE_BACKENDS, storage=True),
+    Flag("hicache.storage.prefetchPolicy", "--hicache-storage-prefetch-policy", str, "best_effort",
+         "When an L3 prefetch stops.", PREFETCH_POLICIES, storage=True),
+    Flag("hicache.storage.extraConfig", "--hicache-storage-backend-extra-config", dict, None,
+         "Backend keys and prefetch knobs, passed as a JSON file from the storage ConfigMap.", storage=True),
+    Flag("enableCacheReport", "--enable-cache-report", bool, False,
+         "Report cached prompt tokens in OpenAI usage."),
+)
+
+FLAGS_BY_KEY = {f.key: f for f in FLAGS}
+
+# Flags every pod gets regardless of the spec.
+FIXED_ARGS: dict[str, tuple[str, ...]] = {
+    "bundled": ("--enable-hierarchical-cache",),
+    # SGLang only serves /metrics with --enable-metrics; the rollout reads in-flight counts there.
+    "sglang": ("--enable-hierarchical-cache", "--enable-metrics"),
+}
+
+# Extra-config keys each backend understands (SGLang's names); the engine pops the prefetch knobs
+# before the backend sees the rest.
+PREFETCH_KNOBS = frozenset({
+    "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+    "prefetch_timeout_max", "hicache_storage_pass_prefix_keys",
+})
+KNOWN_EXTRA_CONFIG_KEYS: dict[str, frozenset[str]] = {
+    "none": frozenset(),
+    "file": frozenset({"storage_dir", "max_size", "min_free_space", "eviction_ratio",
+                       "enable_metadata_cache", "metadata_ttl"}),
+    "mooncake": frozenset({"local_hostname", "metadata_server", "master_server_address", "protocol",
+                           "device_name", "global_segment_size", "local_buffer_size",
+                           "master_metrics_port", "check_server", "extra_backend_tag"}),
+    "dynamic": frozenset({"backend_name", "module_path", "class_name", "interface_v1"}),
+}
+
+# spec.hicache.storage.mooncake field -> (extra-config key, pod env var). The env copy lets a pod
+# started before a swap reach the store; the extra-config copy makes the attach payload complete.
+MOONCAKE_SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("masterAddress", "master_server_address", "MOONCAKE_MASTER"),
+    ("protocol", "protocol", "MOONCAKE_PROTOCOL"),
+    ("metadataServer", "metadata_server", "MOONCAKE_TE_META_DATA_SERVER"),
+    ("globalSegmentSize", "global_segment_size", "MOONCAKE_GLOBAL_SEGMENT_SIZE"),
+    ("deviceName", "device_name", "MOONCAKE_DEVICE"),
+    ("localBufferSize", "local_buffer_size", None),
+)
+
+
+def flag(key: str) -> Flag:
+    return FLAGS_BY_KEY[key]
+
+
+def lookup(obj: dict, dotted: str) -> Any:
+    """Value at a dotted camelCase path of a spec dict (by-alias dump), None when absent."""
+    cur: Any = obj
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_storage: bool = True) -> list[str]:
+    """Command-line arguments for one engine from an effective spec (a by-alias dict).
+
+    ``host_pool`` is the already-decided pool flag: ("ratio", 2.0) or ("sizeGBPerRank", 37);
+    sizing from node memory resolves to the latter before rendering. With ``include_storage``
+    False the L3 settings are left out, which is how the restart hash ignores them.
+    """
+    args: list[str] = ["--host", "$(POD_IP)", "--port", str(RUNTIME_PORT)]
+    args += FIXED_ARGS[engine]
+    backend = lookup(spec, "hicache.storage.backend") or "none"
+    for f in FLAGS:
+        if engine not in f.engines or (f.storage and not include_storage):
+            continue
+        if f.key.startswith("hicache.hostPool."):
+            if f.key.rsplit(".", 1)[1] == host_pool[0]:
+                args += [f.cli, _fmt(host_pool[1])]
+            continue
+        if f.key.startswith("hicache.storage.") and backend == "none":
+            continue
+        if f.key == "hicache.storage.extraConfig":
+            args += [f.cli, f"@{STORAGE_CONFIG_DIR}/{STORAGE_CONFIG_FILE}"]
+            continue
+        value = lookup(spec, f.key)
+        if value is None:
+            value = f.default
+        if f.kind is bool:
+            if value:
+                args.append(f.cli)
+        elif value is not None:
+            args += [f.cli, _fmt(value)]
+    if engine == "sglang":
+        # Kubernetes expands $(VAR) from the container env, so the key never appears in the spec.
+        args += ["--admin-api-key", f"$({ADMIN_KEY_ENV})"]
+    return args
+
+
+def command(engine: str) -> list[str]:
+    if engine == "sglang":
+        return ["python", "-m", "sglang.launch_server"]
+    return ["python", "-m", "cache_runtime", "serve"]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:.1f}"
+    return str(value)

@@ -1,0 +1,196 @@
+"""kopf glue: every handler reads, calls ``reconcile``/``serving``, writes status and Events.
+
+Triggers:
+- HiCacheDeployment create/update/resume and a timer: full reconcile (apply children).
+- Pod events (pods we manage): set the ``hicache.dev/serving`` gate, then a cheap reconcile of
+  the owner (no apply) so restarts roll on as pods become Ready and READY stays current.
+- Node events: nodes feed an index (sizing reads it; kopf fills indexes before handlers run),
+  and a change that matters for sizing (labels, taints, allocatable, schedulability)
+  re-reconciles every HiCacheDeployment, which reports "no longer fits" in Degraded.
+An invalid spec sets ConfigValid=False and posts Warning Events; it never raises, so there is
+no crash loop. API errors become kopf TemporaryErrors (retried with a delay).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+import os
+import threading
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from hicache_operator import labels, metrics, serving
+from hicache_operator.kube import Kube, load_config
+from hicache_operator.reconcile import Result, reconcile
+from hicache_operator.spec import GROUP, PLURAL, VERSION
+
+PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
+INTERVAL_ENV = "HICACHE_RECONCILE_INTERVAL"
+INTERVAL = float(os.environ.get(INTERVAL_ENV, "30"))
+RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+
+_state: dict[str, Any] = {"kube": None}
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+_seen_nodes: dict[str, dict] = {}
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def process_backed() -> bool:
+    return os.environ.get(PROCESS_BACKED_ENV) == "1"
+
+
+def _kube() -> Kube:
+    if _state["kube"] is None:
+        load_config()
+        _state["kube"] = Kube()
+    return _state["kube"]
+
+
+def _lock(namespace: str, name: str) -> threading.Lock:
+    """One reconcile per deployment at a time (timers, change and pod handlers run concurrently)."""
+    with _locks_guard:
+        return _locks.setdefault((namespace, name), threading.Lock())
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = f"{labels.PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=labels.PREFIX, key="last-handled-configuration")
+    settings.posting.level = logging.WARNING  # kopf's own chatter stays in the log; our Events are explicit
+    settings.posting.reporting_component = labels.MANAGER
+    settings.posting.event_name_prefix = "hicache-"
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.networking.request_timeout = 60
+    settings.execution.max_workers = 8
+    _kube()
+
+
+def node_essence(body: Any) -> dict:
+    """What sizing reads from a node; heartbeats do not change it."""
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    return {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
+            "spec": {"taints": list(spec.get("taints") or []), "unschedulable": bool(spec.get("unschedulable"))},
+            "status": {"allocatable": dict(status.get("allocatable") or {})}}
+
+
+@kopf.index("", "v1", "nodes")
+def node_index(body: kopf.Body, **_: Any) -> dict:
+    return {None: node_essence(body)}
+
+
+@kopf.index(**RESOURCE)
+def deployment_index(namespace: str, name: str, **_: Any) -> dict:
+    return {None: (namespace, name)}
+
+
+def _nodes(index: kopf.Index) -> list[dict]:
+    return list(index.get(None, []))
+
+
+def _status_changed(previous: dict, new: dict) -> bool:
+    return any(previous.get(k) != v for k, v in new.items())
+
+
+def _post(body: Any, result: Result, previous: dict) -> None:
+    for etype, reason, message in result.events:
+        kopf.event(body, type=etype, reason=reason, message=message)
+    old = {c.get("type"): c for c in previous.get("conditions") or []}.get("Degraded") or {}
+    new = {c["type"]: c for c in result.status.get("conditions", [])}.get("Degraded") or {}
+    if new.get("status") == "True" and (old.get("status") != "True" or old.get("reason") != new.get("reason")):
+        kopf.event(body, type="Warning", reason=new["reason"], message=new.get("message", ""))
+
+
+def _run(body: Any, nodes: list[dict], *, trigger: str, apply: bool, post_findings: bool) -> Result:
+    raw = copy.deepcopy(dict(body))
+    meta = raw["metadata"]
+    with _lock(meta.get("namespace", "default"), meta["name"]), metrics.RECONCILE_SECONDS.labels(trigger).time():
+        try:
+            result = reconcile(_kube(), raw, nodes, apply=apply, now=now(), process_backed=process_backed(),
+                               post_findings=post_findings)
+        except ApiException as exc:
+            metrics.RECONCILES.labels(trigger, "api_error").inc()
+            raise kopf.TemporaryError(f"Kubernetes API error {exc.status} {exc.reason}: {exc.body}", delay=10) from exc
+    outcome = result.plan.outcome
+    if post_findings:
+        for f in outcome.findings:
+            if f.severity == "error":
+                metrics.VALIDATION_FAILURES.labels(f.rule).inc()
+            elif f.severity == "normalised":
+                metrics.NORMALISATIONS.labels(f.rule).inc()
+    metrics.POD_RESTARTS.inc(len(result.deleted_pods))
+    metrics.RECONCILES.labels(trigger, "ok" if outcome.ok else "invalid").inc()
+    _post(body, result, raw.get("status") or {})
+    return result
+
+
+@kopf.on.resume(**RESOURCE)
+@kopf.on.create(**RESOURCE)
+@kopf.on.update(**RESOURCE)
+def on_spec(body: kopf.Body, patch: kopf.Patch, reason: str, node_index: kopf.Index, **_: Any) -> None:
+    trigger = getattr(reason, "value", str(reason))
+    result = _run(body, _nodes(node_index), trigger=trigger, apply=True, post_findings=True)
+    patch.setdefault("status", {}).update(result.status)
+
+
+@kopf.timer(**RESOURCE, interval=INTERVAL, initial_delay=INTERVAL)
+def on_timer(body: kopf.Body, patch: kopf.Patch, node_index: kopf.Index, **_: Any) -> None:
+    status = body.get("status") or {}
+    first = status.get("observedGeneration") != body["metadata"].get("generation")
+    result = _run(body, _nodes(node_index), trigger="timer", apply=True, post_findings=first)
+    if _status_changed(dict(status), result.status):
+        patch.setdefault("status", {}).update(result.status)
+
+
+def _reconcile_named(namespace: str, name: str, nodes: list[dict], *, trigger: str, apply: bool) -> None:
+    body = _kube().get_deployment(namespace, name)
+    if body is None:
+        return
+    result = _run(body, nodes, trigger=trigger, apply=apply, post_findings=False)
+    if _status_changed(body.get("status") or {}, result.status):
+        _kube().patch_deployment_status(namespace, name, result.status)
+
+
+@kopf.on.event("", "v1", "pods", labels={labels.MANAGED_BY: labels.MANAGER})
+def on_pod(event: dict, body: kopf.Body, namespace: str, name: str, node_index: kopf.Index, **_: Any) -> None:
+    pod = dict(body)
+    if event.get("type") != "DELETED" and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+        want, reason, message = serving.decide(pod)
+        if serving.current(pod) != ("True" if want else "False"):
+            try:
+                serving.set_condition(_kube().core, namespace, name, want, reason, message, now())
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise kopf.TemporaryError(f"cannot set the serving gate on {name}: {exc.reason}", delay=5) from exc
+                return
+            metrics.SERVING_PATCHES.labels("True" if want else "False").inc()
+    owner = ((pod.get("metadata") or {}).get("labels") or {}).get(labels.DEPLOYMENT)
+    if owner:
+        _reconcile_named(namespace, owner, _nodes(node_index), trigger="pod", apply=False)
+
+
+@kopf.on.event("", "v1", "nodes")
+def on_node(event: dict, body: kopf.Body, name: str, node_index: kopf.Index, deployment_index: kopf.Index,
+            **_: Any) -> None:
+    essence = None if event.get("type") == "DELETED" else node_essence(body)
+    if _seen_nodes.get(name) == essence:
+        return
+    first_sight = name not in _seen_nodes and event.get("type") is None  # initial listing at startup
+    if essence is None:
+        _seen_nodes.pop(name, None)
+    else:
+        _seen_nodes[name] = essence
+    if first_sight:
+        return
+    for namespace, deployment in list(deployment_index.get(None, [])):
+        _reconcile_named(namespace, deployment, _nodes(node_index), trigger="node", apply=True)

@@ -1,0 +1,106 @@
+"""The operator's writes and reads through the official kubernetes client.
+
+Apply strategy: server-side apply (``PATCH`` with ``application/apply-patch+yaml``, field manager
+``hicache-operator``, ``force=True``). The rendered object is the whole intent, so applying it is
+idempotent (an unchanged object is a no-op write that does not bump resourceVersion), fields other
+managers own (controllers' status, annotations added by kubectl or other tools) are left alone, and
+fields we stop rendering are removed because we no longer own them. The admin Secret is the
+exception: it is created once and never applied again, so the key is never rotated by a re-render.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from hicache_operator import labels
+from hicache_operator.spec import GROUP, PLURAL, VERSION
+
+FIELD_MANAGER = "hicache-operator"
+_APPLY = "application/apply-patch+yaml"
+_MERGE = "application/merge-patch+json"
+
+
+def load_config() -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    """Thin wrapper so handlers read as steps; every method is one API call."""
+
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        self.api = api_client or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.policy = client.PolicyV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def to_dict(self, obj: Any) -> dict:
+        return self.api.sanitize_for_serialization(obj)
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of one rendered child (created if absent); returns the live object."""
+        kind, name, ns = obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"]
+        kw = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": _APPLY}
+        if kind == "Secret":
+            return self.create_secret(obj)
+        fn = {
+            "StatefulSet": self.apps.patch_namespaced_stateful_set,
+            "Service": self.core.patch_namespaced_service,
+            "ConfigMap": self.core.patch_namespaced_config_map,
+            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
+        }[kind]
+        return self.to_dict(fn(name, ns, obj, **kw))
+
+    def create_secret(self, obj: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.to_dict(self.core.create_namespaced_secret(obj["metadata"]["namespace"], obj))
+        except ApiException as exc:
+            if exc.status != 409:  # 409: someone created it meanwhile; theirs stands
+                raise
+            return {}
+
+    def secret_exists(self, namespace: str, name: str) -> bool:
+        try:
+            self.core.read_namespaced_secret(name, namespace)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.to_dict(self.apps.read_namespaced_stateful_set(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def pods(self, namespace: str, deployment: str) -> list[dict[str, Any]]:
+        sel = f"{labels.selector_string(deployment)},{labels.DEPLOYMENT}={deployment}"
+        return [self.to_dict(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel).items]
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_deployment_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                         {"status": status}, _content_type=_MERGE)

@@ -1,0 +1,138 @@
+"""One reconcile of a HiCacheDeployment, independent of kopf.
+
+``plan`` is pure (body + nodes -> validation outcome, rendered children, desired state);
+``reconcile`` does the I/O through ``kube.Kube``: apply children, create the admin Secret once,
+delete pods whose template is stale (within maxUnavailable), and compute the status. Handlers
+call it; tests can call it directly against a real API server.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hicache_operator import labels, render, restarts, sizing
+from hicache_operator.kube import Kube
+from hicache_operator.rules import rule
+from hicache_operator.status import Desired, build_status
+from hicache_operator.validation import Finding, Outcome, validate
+
+
+@dataclass
+class Plan:
+    outcome: Outcome
+    owner: render.Owner
+    desired: Desired | None = None
+    children: list[dict[str, Any]] = field(default_factory=list)  # without the admin Secret
+
+
+@dataclass
+class Result:
+    status: dict[str, Any]
+    plan: Plan
+    deleted_pods: list[str] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+def event_reason(rule_name: str) -> str:
+    """Kubernetes-style CamelCase reason for a rule name (mooncake-layer-first -> MooncakeLayerFirst)."""
+    return "".join(part.capitalize() for part in re.split(r"[-_]", rule_name))
+
+
+def plan(body: dict[str, Any], nodes: list[dict] | None, *, process_backed: bool = False) -> Plan:
+    meta = body.get("metadata") or {}
+    owner = render.Owner(meta.get("name", ""), meta.get("namespace", "default"), meta.get("uid", ""))
+    previous = body.get("status") or {}
+    outcome = validate(body.get("spec") or {}, name=owner.name, nodes=nodes, pinned_sizing=previous.get("sizing"))
+    if not outcome.ok:
+        return Plan(outcome, owner)
+    spec, sized = outcome.spec, outcome.sizing
+    assert spec is not None
+    try:
+        children = render.children(spec, sized, owner, process_backed=process_backed)
+    except ValueError as exc:  # fromNodeMemory without nodes: only when the caller passed none
+        outcome.findings.append(Finding("schema", "error", str(exc)))
+        return Plan(outcome, owner)
+    hicache = spec.model_dump(by_alias=True, mode="json", exclude_none=True)["hicache"]
+    effective = {
+        "engine": spec.engine,
+        "model": spec.model,
+        "hicache": hicache,
+        "command": children[-1]["spec"]["template"]["spec"]["containers"][0]["command"],
+        "args": render.args(spec, sized),
+        "restartHash": render.restart_hash(spec, sized, owner, process_backed=process_backed),
+        "storageHash": render.storage_hash(spec),
+        "normalisations": [f.as_dict() for f in outcome.of("normalised")],
+        "warnings": [f.as_dict() for f in outcome.of("warning")],
+    }
+    desired = Desired(replicas=spec.replicas, selector=labels.selector_string(owner.name),
+                      restart_hash=effective["restartHash"], storage_hash=effective["storageHash"],
+                      backend=spec.hicache.storage.backend, host_pool=render.host_pool_text(spec, sized),
+                      effective_config=effective, sizing=sized)
+    return Plan(outcome, owner, desired, children)
+
+
+def finding_events(outcome: Outcome) -> list[tuple[str, str, str]]:
+    return [("Warning", event_reason(f.rule), f"[{f.rule}] {f.message}")
+            for f in outcome.findings if f.severity in ("error", "normalised", "warning")]
+
+
+def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, apply: bool, now: str,
+              process_backed: bool = False, post_findings: bool = False,
+              new_key: Callable[[], str] = lambda: secrets.token_urlsafe(32)) -> Result:
+    """Bring the children in line with the spec (``apply``) and compute the status.
+
+    With ``apply`` False nothing is rendered onto the cluster: the reconcile only deletes stale
+    pods and recomputes the status (the cheap path run on pod and node events).
+    """
+    meta = body["metadata"]
+    name, ns, generation = meta["name"], meta.get("namespace", "default"), int(meta.get("generation") or 0)
+    p = plan(body, nodes, process_backed=process_backed)
+    events = finding_events(p.outcome) if post_findings else []
+    pods = kube.pods(ns, name)
+    previous = body.get("status") or {}
+    if p.desired is None:
+        errors = [(f.rule, f.message) for f in p.outcome.errors]
+        return Result(build_status(generation=generation, previous=previous, desired=None, errors=errors,
+                                   pods=pods, degraded=[], now=now), p, events=events)
+    spec = p.outcome.spec
+    assert spec is not None
+    degraded: list[tuple[str, str]] = []
+
+    ref = spec.admin_key_secret_ref
+    secret_name = ref.name if ref else render.names(name)["secret"]
+    if not kube.secret_exists(ns, secret_name):
+        if ref is None and apply:
+            kube.create_secret(render.admin_secret(p.owner, new_key()))
+            events.append(("Normal", "AdminKeyCreated", f"generated the admin API key in Secret {secret_name}"))
+        else:
+            degraded.append(("AdminSecretMissing", f"Secret {secret_name} with the admin API key does not exist"))
+
+    if apply:
+        live = [kube.apply(child) for child in p.children]
+        sts = live[-1]
+    else:
+        sts = kube.statefulset(ns, name)
+
+    deleted: list[str] = []
+    template_hash = ((((sts or {}).get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+        "annotations", {}).get(labels.RESTART_HASH)
+    if template_hash == p.desired.restart_hash:  # only restart into a template that is already live
+        deleted = restarts.plan_restarts(pods, template_hash, spec.rollout.max_unavailable, spec.replicas)
+        for pod_name in deleted:
+            kube.delete_pod(ns, pod_name)
+            events.append(("Normal", "RestartingPod", f"deleted pod {pod_name} to apply the new pod template"))
+        for pod in pods:
+            if pod["metadata"]["name"] in deleted:
+                pod["metadata"]["deletionTimestamp"] = now
+
+    if nodes is not None and p.desired.sizing and p.desired.sizing.get("podMemoryBytes"):
+        why = sizing.reevaluate(p.desired.sizing, spec, nodes)
+        if why:
+            degraded.append(("SizingNoLongerFits", rule("sizing-no-longer-fits").message.format(why=why)))
+
+    status = build_status(generation=generation, previous=previous, desired=p.desired, errors=[], pods=pods,
+                          degraded=degraded, now=now)
+    return Result(status, p, deleted, events)

@@ -1,0 +1,307 @@
+"""Pure builders of a HiCacheDeployment's children.
+
+Everything here is a function of the effective spec, the sizing record and the owner, so the
+same inputs always give byte-identical objects (and hashes). Children:
+
+- StatefulSet ``<name>`` with ``updateStrategy: OnDelete``: a template change (e.g. the storage
+  config after a live backend swap) never restarts a pod by itself. The operator deletes pods
+  whose ``hicache.dev/restart-hash`` (everything but the storage config) is stale, within
+  maxUnavailable; a pod that restarts for any reason comes up with the target config.
+- Service ``<name>`` (clients; routes only to Ready pods, so the serving gate removes a pod),
+  headless Service ``<name>-pods`` (stable pod DNS, not-ready addresses published),
+  ConfigMap ``<name>-storage`` (extra config JSON), Secret ``<name>-admin`` (generated admin key;
+  rendered only when it must be created), PodDisruptionBudget ``<name>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hicache_operator import flags, labels
+from hicache_operator.spec import GROUP, KIND, VERSION, HiCacheDeploymentSpec
+
+ADMIN_SECRET_KEY = "admin-api-key"
+CONTAINER = "runtime"
+RUN_AS = 1000
+
+
+@dataclass(frozen=True)
+class Owner:
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.name, "uid": self.uid,
+                "controller": True, "blockOwnerDeletion": True}
+
+
+def names(name: str) -> dict[str, str]:
+    return {"statefulset": name, "service": name, "headless": f"{name}-pods", "configmap": f"{name}-storage",
+            "secret": f"{name}-admin", "pdb": name}
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def storage_config(spec: HiCacheDeploymentSpec) -> dict[str, Any]:
+    """The live-swappable part of the config (what an attach carries)."""
+    st = spec.hicache.storage
+    return {"backend": st.backend, "prefetchPolicy": st.prefetch_policy, "extraConfig": st.extra_config,
+            "writePolicy": spec.hicache.write_policy}
+
+
+def storage_hash(spec: HiCacheDeploymentSpec) -> str:
+    return digest(storage_config(spec))
+
+
+def attach_body(spec: HiCacheDeploymentSpec) -> dict[str, Any] | None:
+    """Body of ``PUT /hicache/storage-backend`` for the spec's storage config; None for backend none."""
+    st = spec.hicache.storage
+    if st.backend == "none":
+        return None
+    return {"hicache_storage_backend": st.backend,
+            "hicache_storage_backend_extra_config_json": json.dumps(st.extra_config, sort_keys=True),
+            "hicache_storage_prefetch_policy": st.prefetch_policy,
+            "hicache_write_policy": spec.hicache.write_policy}
+
+
+def host_pool_flag(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None) -> tuple[str, Any]:
+    pool = spec.hicache.host_pool
+    if pool.from_node_memory is not None:
+        if not sizing or not sizing.get("hicacheSizeGB"):
+            raise ValueError("hostPool.fromNodeMemory needs a sizing record (nodes were not known)")
+        return "sizeGBPerRank", sizing["hicacheSizeGB"]
+    if pool.size_gb_per_rank is not None:
+        return "sizeGBPerRank", pool.size_gb_per_rank
+    return "ratio", pool.ratio
+
+
+def host_pool_text(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None) -> str:
+    mode, value = host_pool_flag(spec, sizing)
+    if mode == "ratio":
+        return f"ratio {value}"
+    suffix = " (node)" if spec.hicache.host_pool.from_node_memory is not None else ""
+    return f"{value}GB/rank{suffix}"
+
+
+def args(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, *, include_storage: bool = True) -> list[str]:
+    return flags.render_args(spec.dump(), spec.engine, host_pool=host_pool_flag(spec, sizing),
+                             include_storage=include_storage)
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def mooncake_env(spec: HiCacheDeploymentSpec) -> list[dict[str, Any]]:
+    """MOONCAKE_* settings as env; from the effective extra config when mooncake is the backend."""
+    st = spec.hicache.storage
+    if st.backend != "mooncake" and st.mooncake is None:
+        return []
+    settings = st.mooncake.model_dump(by_alias=True) if st.mooncake else {}
+    env = []
+    for fld, key, var in flags.MOONCAKE_SETTINGS:
+        value = st.extra_config.get(key) if st.backend == "mooncake" else settings.get(fld)
+        if value is None and fld in ("protocol", "metadataServer"):
+            value = {"protocol": "tcp", "metadataServer": "P2PHANDSHAKE"}[fld]
+        if var and value is not None:
+            env.append({"name": var, "value": str(value)})
+    return env
+
+
+def _env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool) -> list[dict[str, Any]]:
+    ref = spec.admin_key_secret_ref
+    secret_name, secret_key = (ref.name, ref.key) if ref else (names(owner.name)["secret"], ADMIN_SECRET_KEY)
+    env = [
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("POD_NAME", "metadata.name"),
+        # Each pod's own address: never a hostname shared through a config (sglang#23457).
+        _field_env("MOONCAKE_LOCAL_HOSTNAME", "status.hostIP" if spec.host_network else "status.podIP"),
+        {"name": flags.ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_key}}},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    if include_storage:
+        env += mooncake_env(spec)
+    return env
+
+
+def _resources(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None) -> dict[str, Any]:
+    gpus = str(spec.ranks_per_pod)
+    requests = {k: str(v) for k, v in spec.resources.requests.items()}
+    limits = {k: str(v) for k, v in spec.resources.limits.items()}
+    memory = (sizing or {}).get("podMemory")
+    if memory:
+        requests.setdefault("memory", memory)
+        limits.setdefault("memory", memory)
+    requests["nvidia.com/gpu"] = gpus
+    limits["nvidia.com/gpu"] = gpus
+    return {"requests": requests, "limits": limits}
+
+
+def _affinity(spec: HiCacheDeploymentSpec, name: str) -> dict[str, Any]:
+    """The user's affinity plus one-pod-per-node, which the sizing assumes."""
+    affinity = json.loads(json.dumps(spec.affinity or {}))
+    anti = affinity.setdefault("podAntiAffinity", {})
+    anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+        {"labelSelector": {"matchLabels": labels.selector_labels(name)}, "topologyKey": "kubernetes.io/hostname"})
+    return affinity
+
+
+def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owner: Owner, *,
+                 process_backed: bool, include_storage: bool = True) -> dict[str, Any]:
+    """The pod template; with include_storage False, the input of the restart hash."""
+    probe_path = "/health" if spec.engine == "sglang" else "/ready"
+    http = {"port": "http"}
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "command": flags.command(spec.engine),
+        "args": args(spec, sizing, include_storage=include_storage),
+        "ports": [{"name": "http", "containerPort": flags.RUNTIME_PORT, "protocol": "TCP"}],
+        "env": _env(spec, owner, include_storage),
+        "resources": _resources(spec, sizing),
+        "readinessProbe": {"httpGet": {**http, "path": probe_path}, "periodSeconds": 5, "timeoutSeconds": 2,
+                           "failureThreshold": 2},
+        "startupProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 10, "timeoutSeconds": 5,
+                         "failureThreshold": 180},
+        "livenessProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 15, "timeoutSeconds": 5,
+                          "failureThreshold": 4},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "privileged": False},
+        "volumeMounts": [
+            {"name": "storage-config", "mountPath": flags.STORAGE_CONFIG_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            *spec.extra_volume_mounts,
+        ],
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    annotations = {}
+    if process_backed or (spec.testing and spec.testing.process_backed):
+        annotations[labels.PROCESS_BACKED] = "true"
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "readinessGates": [{"conditionType": labels.SERVING_CONDITION}],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "terminationGracePeriodSeconds": spec.rollout.drain_timeout_seconds + 30,
+        "affinity": _affinity(spec, owner.name),
+        "containers": [container],
+        "volumes": [
+            {"name": "storage-config", "configMap": {"name": names(owner.name)["configmap"]}},
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            *spec.extra_volumes,
+        ],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = list(spec.tolerations)
+    if spec.host_network:
+        pod_spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
+    return {"metadata": {"labels": {**labels.selector_labels(owner.name), labels.DEPLOYMENT: owner.name},
+                         "annotations": annotations},
+            "spec": pod_spec}
+
+
+def restart_hash(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owner: Owner, *,
+                 process_backed: bool) -> str:
+    return digest(pod_template(spec, sizing, owner, process_backed=process_backed, include_storage=False))
+
+
+def _meta(owner: Owner, name: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": owner.namespace,
+            "labels": {**labels.selector_labels(owner.name), labels.DEPLOYMENT: owner.name,
+                       labels.COMPONENT: component},
+            "ownerReferences": [owner.reference()]}
+
+
+def _stamp(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"].setdefault("annotations", {})[labels.RENDERED_HASH] = digest(obj)
+    return obj
+
+
+def statefulset(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owner: Owner, *,
+                process_backed: bool) -> dict[str, Any]:
+    template = pod_template(spec, sizing, owner, process_backed=process_backed)
+    template["metadata"]["annotations"].update({
+        labels.RESTART_HASH: restart_hash(spec, sizing, owner, process_backed=process_backed),
+        labels.STORAGE_HASH: storage_hash(spec),
+        labels.STORAGE_BACKEND: spec.hicache.storage.backend,
+    })
+    n = names(owner.name)
+    return _stamp({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _meta(owner, n["statefulset"], "server"),
+        "spec": {
+            "replicas": spec.replicas,
+            "serviceName": n["headless"],
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": labels.selector_labels(owner.name)},
+            "template": template,
+        },
+    })
+
+
+def service(owner: Owner) -> dict[str, Any]:
+    return _stamp({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(owner, names(owner.name)["service"], "service"),
+        "spec": {"type": "ClusterIP", "selector": labels.selector_labels(owner.name),
+                 "ports": [{"name": "http", "port": flags.RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]},
+    })
+
+
+def headless_service(owner: Owner) -> dict[str, Any]:
+    return _stamp({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(owner, names(owner.name)["headless"], "pods"),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": labels.selector_labels(owner.name),
+                 "ports": [{"name": "http", "port": flags.RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]},
+    })
+
+
+def configmap(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
+    body = json.dumps(spec.hicache.storage.extra_config, sort_keys=True, indent=2)
+    return _stamp({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(owner, names(owner.name)["configmap"], "storage-config"),
+        "data": {flags.STORAGE_CONFIG_FILE: body},
+    })
+
+
+def admin_secret(owner: Owner, key: str) -> dict[str, Any]:
+    return _stamp({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": _meta(owner, names(owner.name)["secret"], "admin-key"),
+        "data": {ADMIN_SECRET_KEY: base64.b64encode(key.encode()).decode()},
+    })
+
+
+def pdb(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
+    return _stamp({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, names(owner.name)["pdb"], "disruption-budget"),
+        "spec": {"maxUnavailable": spec.rollout.max_unavailable,
+                 "selector": {"matchLabels": labels.selector_labels(owner.name)}},
+    })
+
+
+def children(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owner: Owner, *,
+             process_backed: bool = False) -> list[dict[str, Any]]:
+    """The applied children, in apply order (the StatefulSet last, after what its pods mount).
+
+    The admin Secret is not among them: ``admin_secret`` renders it only when the caller found
+    none, and it is created, never applied, so an existing key cannot be rotated by a re-render."""
+    return [configmap(spec, owner), headless_service(owner), service(owner), pdb(spec, owner),
+            statefulset(spec, sizing, owner, process_backed=process_backed)]

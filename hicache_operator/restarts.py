@@ -1,0 +1,59 @@
+"""Which pods to delete so they come back with the current pod template (OnDelete StatefulSet).
+
+Only non-storage changes restart pods (the restart hash leaves the storage config out). Pods
+out of serving for any reason share one budget, ``maxUnavailable``, with backend swaps: a pod
+whose serving gate is held (being swapped) is never deleted and counts as unavailable.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from hicache_operator import labels
+from hicache_operator.status import pod_is_ready, pod_is_terminating
+
+
+def resolve_max_unavailable(value: int | str, replicas: int) -> int:
+    """An int, or a percentage of replicas rounded down; at least 1 so a rollout can progress."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"(\d+)%", value.strip())
+        if not m:
+            raise ValueError(f"rollout.maxUnavailable {value!r} is neither a count nor a percentage like '25%'")
+        value = math.floor(replicas * int(m.group(1)) / 100)
+    return max(1, int(value))
+
+
+def _ordinal(pod: dict) -> int:
+    name = (pod.get("metadata") or {}).get("name", "")
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _annotations(pod: dict) -> dict:
+    return (pod.get("metadata") or {}).get("annotations") or {}
+
+
+def is_held(pod: dict) -> bool:
+    return labels.SERVING_HOLD in _annotations(pod)
+
+
+def plan_restarts(pods: list[dict], restart_hash: str, max_unavailable: int | str, replicas: int) -> list[str]:
+    """Names of pods to delete now, highest ordinal first.
+
+    Stale pods that are already unavailable are deleted regardless of the budget (it costs
+    nothing); stale Ready pods only while fewer than maxUnavailable pods are out of serving
+    (missing, terminating, not Ready, or held).
+    """
+    budget = resolve_max_unavailable(max_unavailable, replicas)
+    live = [p for p in pods if not pod_is_terminating(p)]
+    unavailable = max(0, replicas - len(live)) + sum(
+        1 for p in live if not pod_is_ready(p) or is_held(p))
+    stale = sorted((p for p in live if _annotations(p).get(labels.RESTART_HASH) != restart_hash and not is_held(p)),
+                   key=_ordinal, reverse=True)
+    out = [p["metadata"]["name"] for p in stale if not pod_is_ready(p)]
+    for pod in stale:
+        if pod_is_ready(pod) and unavailable < budget:
+            out.append(pod["metadata"]["name"])
+            unavailable += 1
+    return out

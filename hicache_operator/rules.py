@@ -1,0 +1,126 @@
+"""Named rules: every error, warning and normalisation the operator can report about a spec.
+
+A rule's name is what Events, conditions and ``status.effectiveConfig`` carry, and what
+``manifests/samples/invalid/<rule>.yaml`` is named after. Rules that can be checked on the object
+alone also carry a CEL expression; the generated CRD attaches it to the schema node named by
+``scope`` so the API server refuses the object with the very message the operator would post.
+Messages say what to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning", "normalised"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    severity: Severity
+    message: str  # static for CEL rules; a str.format template otherwise
+    cel: str | None = None
+    scope: str | None = None  # "root", "spec", "parallelism", "hicache", "hostPool"
+
+
+RULES: tuple[Rule, ...] = (
+    # ---- static errors (also enforced by the API server through CEL) ----
+    Rule("name-too-long", "error",
+         "metadata.name must be at most 52 characters: pod and controller-revision names append "
+         "suffixes to it; choose a shorter name",
+         "size(self.metadata.name) <= 52", "root"),
+    Rule("host-pool-mode", "error",
+         "set exactly one of hicache.hostPool.ratio, hicache.hostPool.sizeGBPerRank or "
+         "hicache.hostPool.fromNodeMemory",
+         "(has(self.ratio) ? 1 : 0) + (has(self.sizeGBPerRank) ? 1 : 0) + "
+         "(has(self.fromNodeMemory) ? 1 : 0) == 1", "hostPool"),
+    Rule("host-ratio", "error",
+         "hicache.hostPool.ratio must be greater than 1 (the host pool must be larger than the "
+         "device pool): raise it, or size the pool with sizeGBPerRank or fromNodeMemory",
+         "!has(self.ratio) || self.ratio > 1.0", "hostPool"),
+    Rule("write-back-not-allowed", "error",
+         "hicache.writePolicy write_back crashes SGLang under load: use write_through or "
+         "write_through_selective, or set hicache.allowWriteBack: true to accept the risk",
+         "!has(self.writePolicy) || self.writePolicy != 'write_back' || "
+         "(has(self.allowWriteBack) && self.allowWriteBack)", "hicache"),
+    Rule("pp-with-storage", "error",
+         "pipeline parallelism (parallelism.pp > 1) with an L3 storage backend is refused: set "
+         "hicache.storage.backend to none or parallelism.pp to 1",
+         "!(has(self.parallelism) && has(self.parallelism.pp) && self.parallelism.pp > 1) || "
+         "!has(self.hicache) || !has(self.hicache.storage) || !has(self.hicache.storage.backend) || "
+         "self.hicache.storage.backend == 'none'", "spec"),
+    Rule("dp-divides-tp", "error",
+         "parallelism.dp must divide parallelism.tp (DP attention splits the TP group of each pod): "
+         "change dp to a divisor of tp",
+         "(has(self.tp) ? self.tp : 1) % (has(self.dp) ? self.dp : 1) == 0", "parallelism"),
+    Rule("builtin-model-needs-bundled", "error",
+         "builtin:* models are served only by the bundled runtime: set engine: bundled, or set "
+         "model to a Hugging Face id or a path",
+         "!(has(self.engine) && self.engine == 'sglang' && "
+         "(!has(self.model) || self.model.startsWith('builtin:')))", "spec"),
+    # ---- errors that need the extra config (invisible to CEL) or the nodes ----
+    Rule("mooncake-master-required", "error",
+         "hicache.storage.backend mooncake needs the master address: set "
+         "hicache.storage.mooncake.masterAddress (host:port of mooncake_master)"),
+    Rule("mooncake-config-conflict", "error",
+         "hicache.storage.mooncake.{field} ({ours!r}) and hicache.storage.extraConfig.{key} "
+         "({theirs!r}) disagree: set it in one place"),
+    Rule("dynamic-backend-config", "error",
+         "hicache.storage.backend dynamic needs extraConfig keys backend_name, module_path and "
+         "class_name; missing: {missing}"),
+    Rule("unknown-model-shape", "error",
+         "model {model!r} has no known shape and sizing needs its bytes per token: set "
+         "spec.modelShape (numLayers, numKvHeads, headDim, dtypeBytes)"),
+    Rule("no-eligible-nodes", "error",
+         "no node can take a pod of this deployment (needs {gpus} nvidia.com/gpu and must match "
+         "nodeSelector, required node affinity and tolerations): {why}"),
+    Rule("host-pool-exceeds-node", "error",
+         "host pool does not fit the node: {ranks} ranks x {per_rank} + {overhead} overhead = "
+         "{total} exceeds the allocatable memory {alloc} of node {node}: {fix}"),
+    Rule("host-pool-too-small", "error",
+         "hicache.hostPool.fromNodeMemory leaves {per_rank} per rank on node {node}, below the 1 GB "
+         "step of --hicache-size: raise fraction, lower reserveGiB, or use hostPool.ratio"),
+    Rule("memory-request-too-small", "error",
+         "resources.{which}.memory {given} is below the host pools plus overhead ({needed}): raise "
+         "it, or remove it and the operator sets it"),
+    Rule("max-unavailable", "error",
+         "rollout.maxUnavailable {value!r} must be a count like 1 or a percentage like '25%'"),
+    Rule("schema", "error", "{detail}"),
+    # ---- normalisations (SGLang rewrites these silently at boot; we say so) ----
+    Rule("page-first-direct-kernel-io", "normalised",
+         "memLayout page_first_direct needs the direct io backend: using ioBackend direct"),
+    Rule("mooncake-layer-first", "normalised",
+         "the Mooncake backend does not support layer_first: using memLayout {layout} for the {io} "
+         "io backend"),
+    Rule("page-first-direct-io", "normalised",
+         "memLayout page_first with ioBackend direct is served as page_first_direct: using memLayout "
+         "page_first_direct"),
+    Rule("extra-config-local-hostname", "normalised",
+         "hicache.storage.extraConfig.local_hostname removed: each pod's MOONCAKE_LOCAL_HOSTNAME comes "
+         "from its own address through the downward API"),
+    # ---- warnings ----
+    Rule("extra-config-unknown-key", "warning",
+         "hicache.storage.extraConfig.{key} is not a key the {backend} backend knows; it is passed "
+         "through but probably ignored (known: {known})"),
+    Rule("write-back-allowed", "warning",
+         "hicache.writePolicy write_back is allowed by allowWriteBack; SGLang has crashed under load "
+         "with it (sgl-project/sglang#19212)"),
+    Rule("no-eligible-nodes-yet", "warning",
+         "no node can take a pod of this deployment yet (needs {gpus} nvidia.com/gpu and must match "
+         "nodeSelector, required node affinity and tolerations): {why}"),
+    Rule("sizing-no-longer-fits", "warning",
+         "the host pool sized at the last spec change no longer fits: {why}; edit the spec to re-size "
+         "or add node memory"),
+)
+
+RULES_BY_NAME = {r.name: r for r in RULES}
+
+
+def rule(name: str) -> Rule:
+    return RULES_BY_NAME[name]
+
+
+def cel_rules(scope: str) -> list[dict[str, str]]:
+    """The ``x-kubernetes-validations`` list for one schema node."""
+    return [{"rule": r.cel, "message": r.message} for r in RULES if r.scope == scope and r.cel]

@@ -1,0 +1,277 @@
+"""Host pool sizing from the nodes the pods may land on.
+
+Placement model (documented choice): one pod per node, and a pod holds tp x pp GPUs, so
+ranks per node = tp x pp. A node is eligible when it is schedulable, matches nodeSelector and
+the required node affinity, has all its NoSchedule/NoExecute taints tolerated, and has at least tp x pp allocatable nvidia.com/gpu. Pools are sized for the SMALLEST eligible
+node so every pod fits wherever it lands.
+
+fromNodeMemory: per-rank budget = (allocatable x fraction - reserve) / ranks per node, rounded
+down to whole pages of the model's bytes per token and then to the whole GB that SGLang's
+integer ``--hicache-size`` takes (SGLang adds one page to what the GB buys; that page is
+counted). The pod's memory request and limit are ranks x pool + overhead.
+
+The result is pinned in status (with a hash of its inputs) and reused while those inputs are
+unchanged, so a node joining or leaving never restarts pods by itself; ``reevaluate`` reports
+when the pinned sizing no longer fits.
+
+Nodes are plain API JSON dicts (a kopf body, or ``ApiClient().sanitize_for_serialization``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from hicache_operator import model_shapes
+from hicache_operator.spec import HiCacheDeploymentSpec
+
+GB = 10**9
+GIB = 2**30
+GPU = "nvidia.com/gpu"
+
+
+class SizingError(Exception):
+    """The spec cannot be sized against these nodes; ``rule`` and ``params`` fill a rules.Rule."""
+
+    def __init__(self, rule: str, **params: Any) -> None:
+        super().__init__(rule)
+        self.rule = rule
+        self.params = params
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    memory: int  # allocatable bytes
+    gpus: int
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[dict, ...] = ()
+    unschedulable: bool = False
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _quantity(value: Any) -> int:
+    """A quantity in base units; an unreadable one counts as 0 (the node is then ineligible)."""
+    try:
+        return int(parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError):
+        return 0
+
+
+def node_info(node: dict) -> NodeInfo:
+    meta, spec = _dict(node.get("metadata")), _dict(node.get("spec"))
+    alloc = _dict(_dict(node.get("status")).get("allocatable"))
+    taints = spec.get("taints") if isinstance(spec.get("taints"), list) else []
+    return NodeInfo(
+        name=str(meta.get("name", "?")),
+        memory=_quantity(alloc.get("memory", 0)),
+        gpus=_quantity(alloc.get(GPU, 0)),
+        labels={str(k): str(v) for k, v in _dict(meta.get("labels")).items()},
+        taints=tuple(_dict(t) for t in taints),
+        unschedulable=bool(spec.get("unschedulable")),
+    )
+
+
+def tolerates(tolerations: list[dict], taint: dict) -> bool:
+    for tol in tolerations:
+        if tol.get("effect") and tol.get("effect") != taint.get("effect"):
+            continue
+        if (tol.get("operator") or "Equal") == "Exists":
+            if not tol.get("key") or tol.get("key") == taint.get("key"):
+                return True
+        elif tol.get("key") == taint.get("key") and (tol.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def _expression_matches(expr: dict, value: str | None) -> bool:
+    op, values = expr.get("operator"), expr.get("values") if isinstance(expr.get("values"), list) else []
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            lhs, rhs = int(value), int(values[0])
+        except (ValueError, TypeError):
+            return False
+        return lhs > rhs if op == "Gt" else lhs < rhs
+    return False
+
+
+def _term_matches(term: dict, node: NodeInfo) -> bool:
+    exprs = [_dict(e) for e in term.get("matchExpressions") or [] if isinstance(term.get("matchExpressions"), list)]
+    fields = [_dict(f) for f in term.get("matchFields") or [] if isinstance(term.get("matchFields"), list)]
+    if not exprs and not fields:
+        return False  # an empty term selects nothing (Kubernetes semantics)
+    return all(_expression_matches(e, node.labels.get(e.get("key"))) for e in exprs) and all(
+        _expression_matches(f, node.name if f.get("key") == "metadata.name" else None) for f in fields)
+
+
+def why_ineligible(spec: HiCacheDeploymentSpec, node: NodeInfo) -> str | None:
+    """None when a pod of ``spec`` may run on ``node``, else the first reason it may not."""
+    if node.unschedulable:
+        return "unschedulable"
+    for key, value in spec.node_selector.items():
+        if node.labels.get(key) != value:
+            return f"nodeSelector {key}={value} not matched"
+    required = _dict(spec.affinity).get("nodeAffinity")
+    required = _dict(required).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is not None:
+        terms = _dict(required).get("nodeSelectorTerms")
+        if not any(_term_matches(_dict(t), node) for t in (terms if isinstance(terms, list) else [])):
+            return "required node affinity not matched"
+    for taint in node.taints:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(spec.tolerations, taint):
+            return f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not tolerated"
+    if node.memory <= 0:
+        return "no readable allocatable memory"
+    if node.gpus < spec.ranks_per_pod:
+        return f"{node.gpus} {GPU} allocatable, needs {spec.ranks_per_pod}"
+    return None
+
+
+def eligible_nodes(spec: HiCacheDeploymentSpec, nodes: list[dict]) -> tuple[list[NodeInfo], dict[str, str]]:
+    eligible, excluded = [], {}
+    for raw in nodes:
+        info = node_info(raw)
+        reason = why_ineligible(spec, info)
+        if reason is None:
+            eligible.append(info)
+        else:
+            excluded[info.name] = reason
+    return eligible, excluded
+
+
+def describe_exclusions(excluded: dict[str, str], total: int) -> str:
+    if not total:
+        return "the cluster has no nodes"
+    shown = "; ".join(f"{n}: {r}" for n, r in sorted(excluded.items())[:5])
+    more = f" (and {len(excluded) - 5} more)" if len(excluded) > 5 else ""
+    return f"0 of {total} node(s) eligible: {shown}{more}"
+
+
+def inputs_hash(spec: HiCacheDeploymentSpec) -> str:
+    d = spec.dump()
+    keys = ("model", "modelShape", "parallelism", "pageSize", "maxTotalTokens", "nodeSelector",
+            "tolerations", "affinity", "resources")
+    relevant = {k: d.get(k) for k in keys}
+    relevant["hostPool"] = d["hicache"]["hostPool"]
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shape_for(spec: HiCacheDeploymentSpec) -> model_shapes.Shape | None:
+    override = model_shapes.Shape(**spec.model_shape.model_dump()) if spec.model_shape else None
+    return model_shapes.lookup(spec.model, override)
+
+
+def pool_bytes_for_tokens(tokens: int, page_size: int, bpt: int) -> tuple[int, int]:
+    """(pages, bytes) SGLang allocates for a pool of ``tokens``: page_num = tokens // page + 1."""
+    pages = tokens // page_size + 1
+    return pages, pages * page_size * bpt
+
+
+def fmt_bytes(n: int | float) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def memory_quantity(n: int) -> str:
+    """Bytes as a Kubernetes quantity, rounded up to whole MiB."""
+    return f"{-(-n // 2**20)}Mi"
+
+
+def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, Any]:
+    """The sizing record for status (camelCase). Raises SizingError.
+
+    ``nodes`` None means "not known here" (static validation): node checks are skipped, and
+    fromNodeMemory cannot be sized.
+    """
+    pool = spec.hicache.host_pool
+    ranks = spec.ranks_per_pod
+    overhead = int(pool.overhead_gib * GIB)
+    shape = shape_for(spec)
+    bpt = model_shapes.bytes_per_token(shape, spec.parallelism.tp, spec.parallelism.pp) if shape else None
+    rec: dict[str, Any] = {"inputsHash": inputs_hash(spec), "ranksPerNode": ranks, "overheadBytes": overhead,
+                           "pageSize": spec.page_size, "bytesPerToken": bpt}
+    smallest: NodeInfo | None = None
+    if nodes is not None:
+        eligible, excluded = eligible_nodes(spec, nodes)
+        rec["eligibleNodes"] = len(eligible)
+        if eligible:
+            smallest = min(eligible, key=lambda n: n.memory)
+            rec.update(smallestNode=smallest.name, nodeAllocatableBytes=smallest.memory)
+        elif pool.from_node_memory is not None:
+            raise SizingError("no-eligible-nodes", gpus=ranks, why=describe_exclusions(excluded, len(nodes)))
+        else:
+            rec["ineligible"] = describe_exclusions(excluded, len(nodes))
+
+    per_rank: int | None = None
+    if pool.from_node_memory is not None:
+        if bpt is None:
+            raise SizingError("unknown-model-shape", model=spec.model)
+        assert smallest is not None
+        fnm = pool.from_node_memory
+        reserve = int(fnm.reserve_gib * GIB)
+        budget = (smallest.memory * fnm.fraction - reserve) / ranks
+        gb = int(budget // GB)
+        while gb >= 1 and pool_bytes_for_tokens(gb * GB // bpt, spec.page_size, bpt)[1] > budget:
+            gb -= 1
+        if gb < 1:
+            raise SizingError("host-pool-too-small", per_rank=fmt_bytes(max(budget, 0)), node=smallest.name)
+        pages, per_rank = pool_bytes_for_tokens(gb * GB // bpt, spec.page_size, bpt)
+        rec.update(mode="fromNodeMemory", fraction=fnm.fraction, reserveBytes=reserve, budgetPerRankBytes=int(budget),
+                   hicacheSizeGB=gb, hostPoolPagesPerRank=pages, hostPoolTokensPerRank=pages * spec.page_size,
+                   formula=(f"({smallest.memory} x {fnm.fraction} - {reserve}) / {ranks} = {int(budget)} B per rank "
+                            f"-> {gb} GB (--hicache-size) = {pages} pages x {spec.page_size} tokens x {bpt} B"))
+    elif pool.size_gb_per_rank is not None:
+        gb = pool.size_gb_per_rank
+        if bpt is not None:
+            pages, per_rank = pool_bytes_for_tokens(gb * GB // bpt, spec.page_size, bpt)
+            rec.update(hostPoolPagesPerRank=pages, hostPoolTokensPerRank=pages * spec.page_size)
+        else:
+            per_rank = gb * GB
+        rec.update(mode="sizeGBPerRank", hicacheSizeGB=gb)
+    else:
+        rec.update(mode="ratio", ratio=pool.ratio)
+        if bpt is not None and spec.max_total_tokens:
+            pages, per_rank = pool_bytes_for_tokens(int(spec.max_total_tokens * (pool.ratio or 0)), spec.page_size, bpt)
+            rec.update(hostPoolPagesPerRank=pages, hostPoolTokensPerRank=pages * spec.page_size)
+
+    if per_rank is None:
+        rec["note"] = "host pool depends on the device pool size the engine picks; pod memory is not set"
+        return rec
+    total = ranks * per_rank + overhead
+    rec.update(hostPoolBytesPerRank=per_rank, podMemoryBytes=total, podMemory=memory_quantity(total))
+    if smallest is not None and total > smallest.memory:
+        max_gb = max(0, (smallest.memory - overhead) // ranks // GB)
+        fix = ("lower fraction or reserve more" if pool.from_node_memory is not None else
+               f"lower hicache.hostPool.sizeGBPerRank to at most {max_gb} or use hostPool.fromNodeMemory"
+               if pool.size_gb_per_rank is not None else "lower hicache.hostPool.ratio or maxTotalTokens")
+        raise SizingError("host-pool-exceeds-node", ranks=ranks, per_rank=fmt_bytes(per_rank),
+                          overhead=fmt_bytes(overhead), total=fmt_bytes(total), alloc=fmt_bytes(smallest.memory),
+                          node=smallest.name, fix=fix)
+    return rec
+
+
+def reevaluate(record: dict[str, Any], spec: HiCacheDeploymentSpec, nodes: list[dict]) -> str | None:
+    """Why a pinned sizing record no longer fits the current nodes, or None when it does."""
+    eligible, excluded = eligible_nodes(spec, nodes)
+    if not eligible:
+        return describe_exclusions(excluded, len(nodes))
+    need = record.get("podMemoryBytes")
+    smallest = min(eligible, key=lambda n: n.memory)
+    if need and need > smallest.memory:
+        return (f"pods need {fmt_bytes(need)} but eligible node {smallest.name} has {fmt_bytes(smallest.memory)} "
+                "allocatable")
+    return None

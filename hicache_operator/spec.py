@@ -1,0 +1,160 @@
+"""Pydantic model of HiCacheDeployment.spec; the CRD schema is generated from it (crdgen).
+
+Types, enums, ranges and defaults live here (enums and defaults come from the flag table);
+rules that relate several fields live in ``rules``/``validation`` so each has a name and a
+message. CEL rules are attached to the schema nodes through ``json_schema_extra``.
+"""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from hicache_operator import flags
+from hicache_operator.rules import cel_rules
+
+GROUP = "hicache.dev"
+VERSION = "v1alpha1"
+KIND = "HiCacheDeployment"
+PLURAL = "hicachedeployments"
+SINGULAR = "hicachedeployment"
+SHORT_NAME = "hcd"
+
+# Kubernetes quantities and int-or-percent values arrive as YAML ints or strings.
+IntOrString = int | str
+
+
+def _enum(key: str) -> Any:
+    return Literal[flags.flag(key).choices]  # type: ignore[valid-type]
+
+
+def _from_flag(key: str, **kw: Any) -> Any:
+    f = flags.flag(key)
+    return Field(f.default, description=f"{f.help} ({f.cli})", **kw)
+
+
+def _cel(scope: str) -> dict[str, Any]:
+    return {"x-kubernetes-validations": cel_rules(scope)}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Parallelism(_Model):
+    model_config = ConfigDict(json_schema_extra=_cel("parallelism"))
+    tp: int = _from_flag("parallelism.tp", ge=1)
+    dp: int = _from_flag("parallelism.dp", ge=1)
+    pp: int = _from_flag("parallelism.pp", ge=1)
+
+
+class FromNodeMemory(_Model):
+    fraction: float = Field(0.8, gt=0, le=1, description="Share of the node's allocatable memory given to host pools.")
+    reserve_gib: float = Field(16.0, ge=0, alias="reserveGiB",
+                               description="GiB of that share kept back for the OS and daemons.")
+
+
+class HostPool(_Model):
+    model_config = ConfigDict(json_schema_extra=_cel("hostPool"))
+    ratio: float | None = Field(None, description=flags.flag("hicache.hostPool.ratio").help)
+    size_gb_per_rank: int | None = Field(None, ge=1, alias="sizeGBPerRank",
+                                         description=flags.flag("hicache.hostPool.sizeGBPerRank").help)
+    from_node_memory: FromNodeMemory | None = Field(
+        None, description="Size each rank's pool from the smallest eligible node's allocatable memory.")
+    overhead_gib: float = Field(10.0, ge=0, alias="overheadGiB",
+                                description="Pod memory beyond the host pools (process, CUDA context, buffers).")
+
+
+class Mooncake(_Model):
+    master_address: str | None = Field(None, min_length=1, description="host:port of mooncake_master (MOONCAKE_MASTER).")
+    # No schema defaults here: a default would read as "set" and clash with extraConfig; the
+    # effective defaults (tcp, P2PHANDSHAKE) are filled in by validation.normalise.
+    protocol: Literal[flags.MOONCAKE_PROTOCOLS] | None = Field(None, description="tcp (default) or rdma.")  # type: ignore[valid-type]
+    metadata_server: str | None = Field(None, description="P2PHANDSHAKE (default) or an http metadata URL.")
+    global_segment_size: IntOrString | None = Field(None, description="Bytes or e.g. '4gb' this pod lends to the store.")
+    local_buffer_size: IntOrString | None = None
+    device_name: str | None = Field(None, description="RDMA device(s); empty discovers them.")
+
+
+class Storage(_Model):
+    backend: _enum("hicache.storage.backend") = _from_flag("hicache.storage.backend")
+    prefetch_policy: _enum("hicache.storage.prefetchPolicy") = _from_flag("hicache.storage.prefetchPolicy")
+    extra_config: dict[str, Any] = Field(default_factory=dict,
+                                         description=flags.flag("hicache.storage.extraConfig").help)
+    mooncake: Mooncake | None = None
+
+
+class HiCache(_Model):
+    model_config = ConfigDict(json_schema_extra=_cel("hicache"))
+    host_pool: HostPool = Field(default_factory=lambda: HostPool(ratio=flags.flag("hicache.hostPool.ratio").default),
+                                description="Host (L2) pool size: exactly one of ratio, sizeGBPerRank, fromNodeMemory.")
+    write_policy: _enum("hicache.writePolicy") = _from_flag("hicache.writePolicy")
+    allow_write_back: bool = Field(False, description="Opt in to write_back despite its known crash under load.")
+    io_backend: _enum("hicache.ioBackend") = _from_flag("hicache.ioBackend")
+    mem_layout: _enum("hicache.memLayout") = _from_flag("hicache.memLayout")
+    storage: Storage = Field(default_factory=Storage)
+
+
+class Rollout(_Model):
+    max_unavailable: IntOrString = Field(1, description="Pods out of serving at once (count or percent), for restarts and backend swaps.")
+    drain_timeout_seconds: int = Field(300, ge=1, description="How long a pod may take to finish in-flight requests.")
+
+
+class Resources(_Model):
+    requests: dict[str, IntOrString] = Field(default_factory=dict)
+    limits: dict[str, IntOrString] = Field(default_factory=dict)
+
+
+class ModelShape(_Model):
+    """KV geometry of the model, for bytes per token; overrides the built-in table."""
+
+    num_layers: int = Field(ge=1)
+    num_kv_heads: int = Field(1, ge=1)
+    head_dim: int = Field(1, ge=1)
+    dtype_bytes: int = Field(2, ge=1)
+    mla: bool = False
+    kv_lora_rank: int = Field(0, ge=0)
+    qk_rope_head_dim: int = Field(0, ge=0)
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(min_length=1)
+    key: str = Field("admin-api-key", min_length=1)
+
+
+class Testing(_Model):
+    process_backed: bool = Field(False, description="Test clusters only: annotate pods so the local harness runs their command as a process.")
+
+
+class HiCacheDeploymentSpec(_Model):
+    model_config = ConfigDict(json_schema_extra=_cel("spec"))
+    engine: Literal[flags.ENGINES] = Field("bundled", description="bundled cache runtime or sglang.launch_server.")  # type: ignore[valid-type]
+    image: str = Field(min_length=1, max_length=512)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    model: str = _from_flag("model", min_length=1, max_length=512)
+    model_shape: ModelShape | None = None
+    replicas: int = Field(1, ge=0)
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    page_size: int = _from_flag("pageSize", ge=1)
+    max_total_tokens: int | None = _from_flag("maxTotalTokens", ge=1)
+    enable_cache_report: bool = _from_flag("enableCacheReport")
+    hicache: HiCache = Field(default_factory=HiCache)
+    rollout: Rollout = Field(default_factory=Rollout)
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    host_network: bool = Field(False, description="Pods use the node's network; MOONCAKE_LOCAL_HOSTNAME becomes the host IP.")
+    extra_volumes: list[dict[str, Any]] = Field(default_factory=list)
+    extra_volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    admin_key_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret holding the admin API key; unset: the operator generates one.")
+    testing: Testing | None = None
+
+    @property
+    def ranks_per_pod(self) -> int:
+        """GPUs (and host pools) per pod; one pod per node, so also ranks per node."""
+        return self.parallelism.tp * self.parallelism.pp
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, mode="json")

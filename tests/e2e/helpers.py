@@ -1,0 +1,78 @@
+"""Shared helpers for e2e tests: polling, kubectl JSON, and the operator as a real process."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_for(cond, timeout: float = 60, what: str = "condition", interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def kget(cluster, *args: str) -> dict:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+def condition(obj: dict, ctype: str) -> str | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return c["status"]
+    return None
+
+
+class OperatorProcess:
+    """`python -m hicache_operator` as a child process, as it would run in its pod."""
+
+    def __init__(self, cluster, workdir: Path, *, reconcile_interval: float = 2, extra_env: dict | None = None,
+                 args: tuple[str, ...] = ("--all-namespaces",)):
+        self.cluster = cluster
+        self.log = Path(workdir) / "operator.log"
+        self.env = {**cluster.env(), "HICACHE_RECONCILE_INTERVAL": str(reconcile_interval),
+                    "PYTHONPATH": str(REPO), **(extra_env or {})}
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "OperatorProcess":
+        f = open(self.log, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "hicache_operator", *self.args, "--metrics-port", "0"],
+                                     env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd=REPO)
+        f.close()
+        wait_for(lambda: "Initial authentication has finished" in self.log.read_text(errors="replace")
+                 or not self.alive(), timeout=60, what="operator started")
+        assert self.alive(), self.tail()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, as a node failure or OOM kill would do."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])

@@ -1,0 +1,150 @@
+"""Rendered children: names, owners, hashes, pod identity, security."""
+
+from __future__ import annotations
+
+import base64
+
+from op_helpers import body, gpu_node
+
+from hicache_operator import labels, render
+from hicache_operator.reconcile import plan
+
+MOONCAKE = {"backend": "mooncake", "mooncake": {"masterAddress": "m:50051", "protocol": "tcp",
+                                                "globalSegmentSize": "4gb"}}
+
+
+def children(spec, nodes=None, **kw):
+    p = plan(body({"image": "img", **spec}), nodes if nodes is not None else [gpu_node("n")], **kw)
+    assert p.outcome.ok, p.outcome.findings
+    return p, {c["kind"] + ("/headless" if c["metadata"]["name"].endswith("-pods") else ""): c for c in p.children}
+
+
+def pod_spec(kids):
+    return kids["StatefulSet"]["spec"]["template"]["spec"]
+
+
+def env(kids):
+    return {e["name"]: e for e in pod_spec(kids)["containers"][0]["env"]}
+
+
+def test_children_names_owner_and_rendered_hash():
+    _, kids = children({})
+    assert set(kids) == {"ConfigMap", "Service/headless", "Service", "PodDisruptionBudget", "StatefulSet"}
+    for obj in kids.values():
+        ref = obj["metadata"]["ownerReferences"][0]
+        assert ref == {"apiVersion": "hicache.dev/v1alpha1", "kind": "HiCacheDeployment", "name": "demo",
+                       "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}
+        assert obj["metadata"]["namespace"] == "ns"
+        assert len(obj["metadata"]["annotations"][labels.RENDERED_HASH]) == 16
+    assert kids["Service/headless"]["spec"]["clusterIP"] == "None"
+    assert kids["StatefulSet"]["spec"]["serviceName"] == "demo-pods"
+
+
+def test_statefulset_is_on_delete_with_gate_probes_and_gpus():
+    _, kids = children({"parallelism": {"tp": 2, "pp": 2}})
+    sts = kids["StatefulSet"]["spec"]
+    assert sts["updateStrategy"] == {"type": "OnDelete"}
+    ps = sts["template"]["spec"]
+    assert ps["readinessGates"] == [{"conditionType": "hicache.dev/serving"}]
+    c = ps["containers"][0]
+    assert c["readinessProbe"]["httpGet"] == {"port": "http", "path": "/ready"}
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    anti = ps["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_sglang_probe_and_command():
+    _, kids = children({"engine": "sglang", "model": "Qwen/Qwen3-8B"})
+    c = pod_spec(kids)["containers"][0]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert c["command"] == ["python", "-m", "sglang.launch_server"]
+
+
+def test_security_context_is_locked_down_and_no_literal_key():
+    _, kids = children({"engine": "sglang", "model": "Qwen/Qwen3-8B"})
+    ps = pod_spec(kids)
+    c = ps["containers"][0]
+    assert ps["securityContext"]["runAsNonRoot"] and ps["securityContext"]["runAsUser"] != 0
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert ps["automountServiceAccountToken"] is False
+    assert env(kids)["HICACHE_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "demo-admin",
+                                                                               "key": "admin-api-key"}
+
+
+def test_user_secret_ref_is_used():
+    _, kids = children({"adminKeySecretRef": {"name": "mine", "key": "k"}})
+    assert env(kids)["HICACHE_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "k"}
+
+
+def test_per_pod_identity_from_downward_api():
+    _, kids = children({"hicache": {"storage": MOONCAKE}})
+    e = env(kids)
+    assert e["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert e["MOONCAKE_LOCAL_HOSTNAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert e["MOONCAKE_MASTER"]["value"] == "m:50051"
+    assert e["MOONCAKE_PROTOCOL"]["value"] == "tcp"
+    assert e["MOONCAKE_TE_META_DATA_SERVER"]["value"] == "P2PHANDSHAKE"
+    assert e["MOONCAKE_GLOBAL_SEGMENT_SIZE"]["value"] == "4gb"
+    _, host = children({"hostNetwork": True, "hicache": {"storage": MOONCAKE}})
+    assert env(host)["MOONCAKE_LOCAL_HOSTNAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert pod_spec(host)["hostNetwork"] is True
+
+
+def test_no_hostname_in_the_shared_config():
+    p, kids = children({"hicache": {"storage": {**MOONCAKE, "extraConfig": {"local_hostname": "node-a"}}}})
+    text = kids["ConfigMap"]["data"]["extra_config.json"]
+    assert "local_hostname" not in text and "node-a" not in text
+    assert "local_hostname" not in render.attach_body(p.outcome.spec)["hicache_storage_backend_extra_config_json"]
+
+
+def test_restart_hash_ignores_storage_but_not_other_changes():
+    base, _ = children({})
+    swapped, kids = children({"hicache": {"storage": {"backend": "file", "prefetchPolicy": "timeout",
+                                                      "extraConfig": {"storage_dir": "/x"}}}})
+    assert swapped.desired.restart_hash == base.desired.restart_hash
+    assert swapped.desired.storage_hash != base.desired.storage_hash
+    ann = kids["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]
+    assert ann[labels.STORAGE_HASH] == swapped.desired.storage_hash and ann[labels.STORAGE_BACKEND] == "file"
+    for change in ({"image": "img2"}, {"pageSize": 16}, {"hicache": {"hostPool": {"ratio": 3}}},
+                   {"hicache": {"writePolicy": "write_through_selective"}}):
+        other, _ = children(change)
+        assert other.desired.restart_hash != base.desired.restart_hash, change
+
+
+def test_mooncake_layout_normalisation_restarts_because_layout_is_not_storage():
+    base, _ = children({})
+    mooncake, _ = children({"hicache": {"storage": MOONCAKE}})
+    assert mooncake.desired.restart_hash != base.desired.restart_hash  # layer_first -> page_first
+    pre, _ = children({"hicache": {"memLayout": "page_first"}})
+    live, _ = children({"hicache": {"memLayout": "page_first", "storage": MOONCAKE}})
+    assert pre.desired.restart_hash == live.desired.restart_hash
+
+
+def test_process_backed_annotation_is_opt_in():
+    _, plain = children({})
+    assert labels.PROCESS_BACKED not in plain["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]
+    for p_kw, spec in (({"process_backed": True}, {}), ({}, {"testing": {"processBacked": True}})):
+        _, kids = children(spec, **p_kw)
+        assert kids["StatefulSet"]["spec"]["template"]["metadata"]["annotations"][labels.PROCESS_BACKED] == "true"
+
+
+def test_memory_request_from_sizing_and_user_values_kept():
+    p, kids = children({"hicache": {"hostPool": {"sizeGBPerRank": 4}}, "resources": {"requests": {"cpu": "2"}}})
+    res = pod_spec(kids)["containers"][0]["resources"]
+    assert res["requests"]["memory"] == res["limits"]["memory"] == p.desired.sizing["podMemory"]
+    assert res["requests"]["cpu"] == "2"
+
+
+def test_admin_secret_and_pdb():
+    owner = render.Owner("demo", "ns", "uid-1")
+    secret = render.admin_secret(owner, "s3cret")
+    assert base64.b64decode(secret["data"]["admin-api-key"]) == b"s3cret"
+    _, kids = children({"rollout": {"maxUnavailable": "25%"}})
+    assert kids["PodDisruptionBudget"]["spec"]["maxUnavailable"] == "25%"
+
+
+def test_rendering_is_deterministic():
+    a, _ = children({"hicache": {"storage": MOONCAKE}})
+    b, _ = children({"hicache": {"storage": MOONCAKE}})
+    assert a.children == b.children

@@ -1,0 +1,105 @@
+"""Node eligibility and host-pool sizing arithmetic."""
+
+from __future__ import annotations
+
+from op_helpers import gpu_node
+
+from hicache_operator import model_shapes, sizing
+from hicache_operator.spec import HiCacheDeploymentSpec
+
+TOL = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def spec(**kw) -> HiCacheDeploymentSpec:
+    return HiCacheDeploymentSpec.model_validate({"image": "i", **kw})
+
+
+def test_bytes_per_token_mha_splits_heads_over_tp_and_layers_over_pp():
+    llama = model_shapes.KNOWN["meta-llama/Llama-3.1-8B-Instruct"]
+    assert model_shapes.bytes_per_token(llama, 1, 1) == 128 * 8 * 32 * 2 * 2
+    assert model_shapes.bytes_per_token(llama, 8, 1) == 128 * 1 * 32 * 2 * 2
+    assert model_shapes.bytes_per_token(llama, 16, 1) == 128 * 1 * 32 * 2 * 2  # heads replicated
+    assert model_shapes.bytes_per_token(llama, 1, 2) == 128 * 8 * 16 * 2 * 2
+
+
+def test_bytes_per_token_mla_is_not_split_over_tp():
+    ds = model_shapes.KNOWN["deepseek-ai/DeepSeek-V3"]
+    assert model_shapes.bytes_per_token(ds, 8, 1) == (512 + 64) * 2 * 61
+
+
+def test_eligibility_selector_affinity_taints_gpus_and_cordon():
+    s = spec(parallelism={"tp": 4}, nodeSelector={"pool": "a"}, tolerations=TOL,
+             affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                 {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1", "z2"]}]}]}}})
+    good = {"pool": "a", "zone": "z1"}
+    nodes = [
+        gpu_node("ok", labels=good, taints=[{"key": "gpu", "value": "x", "effect": "NoSchedule"}]),
+        gpu_node("wrong-pool", labels={"pool": "b", "zone": "z1"}),
+        gpu_node("wrong-zone", labels={"pool": "a", "zone": "z9"}),
+        gpu_node("tainted", labels=good, taints=[{"key": "other", "effect": "NoExecute"}]),
+        gpu_node("soft-taint", labels=good, taints=[{"key": "other", "effect": "PreferNoSchedule"}]),
+        gpu_node("few-gpus", labels=good, gpus=2),
+        gpu_node("cordoned", labels=good, unschedulable=True),
+    ]
+    eligible, excluded = sizing.eligible_nodes(s, nodes)
+    assert sorted(n.name for n in eligible) == ["ok", "soft-taint"]
+    assert excluded["wrong-pool"].startswith("nodeSelector pool=a")
+    assert excluded["wrong-zone"] == "required node affinity not matched"
+    assert excluded["tainted"].startswith("taint other=")
+    assert excluded["few-gpus"] == "2 nvidia.com/gpu allocatable, needs 4"
+    assert excluded["cordoned"] == "unschedulable"
+
+
+def test_toleration_operators():
+    taint = {"key": "k", "value": "v", "effect": "NoSchedule"}
+    assert sizing.tolerates([{"key": "k", "operator": "Equal", "value": "v"}], taint)
+    assert not sizing.tolerates([{"key": "k", "operator": "Equal", "value": "w"}], taint)
+    assert sizing.tolerates([{"operator": "Exists"}], taint)
+    assert not sizing.tolerates([{"key": "k", "operator": "Exists", "effect": "NoExecute"}], taint)
+
+
+def test_from_node_memory_arithmetic_uses_the_smallest_node_and_whole_pages():
+    s = spec(model="Qwen/Qwen3-8B", pageSize=64, parallelism={"tp": 8},
+             hicache={"hostPool": {"fromNodeMemory": {"fraction": 0.5, "reserveGiB": 8}, "overheadGiB": 4}})
+    rec = sizing.compute(s, [gpu_node("a", "1Ti"), gpu_node("b", "768Gi")])
+    alloc = 768 * 2**30
+    budget = (alloc * 0.5 - 8 * 2**30) / 8
+    bpt = 128 * 1 * 36 * 2 * 2
+    assert rec["smallestNode"] == "b" and rec["bytesPerToken"] == bpt
+    assert rec["hicacheSizeGB"] == int(budget // 1e9)
+    pages = rec["hicacheSizeGB"] * 10**9 // bpt // 64 + 1
+    assert rec["hostPoolPagesPerRank"] == pages
+    assert rec["hostPoolBytesPerRank"] == pages * 64 * bpt <= budget
+    assert rec["podMemoryBytes"] == 8 * rec["hostPoolBytesPerRank"] + 4 * 2**30
+    assert rec["podMemory"] == f"{-(-rec['podMemoryBytes'] // 2**20)}Mi"
+
+
+def test_from_node_memory_needs_nodes_and_a_shape():
+    s = spec(model="org/unknown", hicache={"hostPool": {"fromNodeMemory": {}}})
+    try:
+        sizing.compute(s, [gpu_node("a")])
+    except sizing.SizingError as exc:
+        assert exc.rule == "unknown-model-shape"
+    else:
+        raise AssertionError("sized a model without a shape")
+    shaped = spec(model="org/unknown", modelShape={"numLayers": 10, "numKvHeads": 2, "headDim": 64},
+                  hicache={"hostPool": {"fromNodeMemory": {}}})
+    assert sizing.compute(shaped, [gpu_node("a")])["bytesPerToken"] == 64 * 2 * 10 * 2 * 2
+
+
+def test_pinned_sizing_survives_node_changes_and_reports_no_longer_fits():
+    s = spec(parallelism={"tp": 8}, hicache={"hostPool": {"fromNodeMemory": {"fraction": 0.9, "reserveGiB": 0}}})
+    rec = sizing.compute(s, [gpu_node("a", "1Ti")])
+    assert sizing.reevaluate(rec, s, [gpu_node("a", "1Ti"), gpu_node("b", "2Ti")]) is None
+    why = sizing.reevaluate(rec, s, [gpu_node("a", "1Ti"), gpu_node("small", "256Gi")])
+    assert why and "small" in why
+    assert "0 of 1 node(s) eligible" in sizing.reevaluate(rec, s, [gpu_node("a", gpus=1)])
+    assert sizing.inputs_hash(s) == rec["inputsHash"]
+    resized = spec(parallelism={"tp": 4}, hicache={"hostPool": {"fromNodeMemory": {"fraction": 0.9, "reserveGiB": 0}}})
+    assert sizing.inputs_hash(resized) != rec["inputsHash"]
+
+
+def test_storage_changes_do_not_change_the_sizing_inputs():
+    a = spec(hicache={"storage": {"backend": "file"}})
+    b = spec(hicache={"storage": {"backend": "none"}})
+    assert sizing.inputs_hash(a) == sizing.inputs_hash(b)

@@ -1,0 +1,119 @@
+"""Status computation, restart planning and the serving gate."""
+
+from __future__ import annotations
+
+from op_helpers import body, gpu_node
+
+from hicache_operator import labels, serving
+from hicache_operator.reconcile import plan
+from hicache_operator.restarts import plan_restarts, resolve_max_unavailable
+from hicache_operator.status import build_status, merge_conditions
+
+
+def pod(i, *, ready=True, restart="r1", storage="s1", backend="file", held=None, terminating=False, gate=None):
+    ann = {labels.RESTART_HASH: restart, labels.STORAGE_HASH: storage, labels.STORAGE_BACKEND: backend}
+    if held is not None:
+        ann[labels.SERVING_HOLD] = held
+    meta = {"name": f"demo-{i}", "annotations": ann}
+    if terminating:
+        meta["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    conds = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if gate is not None:
+        conds.append({"type": labels.SERVING_CONDITION, "status": gate})
+    return {"metadata": meta, "status": {"conditions": conds}}
+
+
+def conds(status):
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_max_unavailable():
+    assert resolve_max_unavailable(2, 10) == 2
+    assert resolve_max_unavailable("25%", 10) == 2
+    assert resolve_max_unavailable("10%", 4) == 1
+
+
+def test_restarts_roll_within_budget_highest_ordinal_first():
+    pods = [pod(i, restart="old") for i in range(4)]
+    assert plan_restarts(pods, "new", 1, 4) == ["demo-3"]
+    assert plan_restarts(pods, "new", 2, 4) == ["demo-3", "demo-2"]
+    pods[3] = pod(3, restart="new", ready=False)  # restarted, not Ready yet: budget spent
+    assert plan_restarts(pods, "new", 1, 4) == []
+
+
+def test_restarts_take_unready_stale_pods_free_and_never_held_ones():
+    pods = [pod(0, restart="old", ready=False), pod(1, restart="old"), pod(2, restart="old", held="swapping")]
+    assert plan_restarts(pods, "new", 1, 3) == ["demo-0"]
+    assert plan_restarts([pod(0), pod(1)], "r1", 1, 2) == []
+
+
+def test_serving_gate_decision_and_hold_hook():
+    assert serving.decide(pod(0)) == (True, "Serving", "pod is in service")
+    assert serving.decide(pod(0, held="draining for swap"))[:2] == (False, "Held")
+    serving.register_hold(lambda p: "predicate hold" if p["metadata"]["name"] == "demo-7" else None)
+    try:
+        assert serving.decide(pod(7)) == (False, "Held", "predicate hold")
+        assert serving.decide(pod(6))[0] is True
+    finally:
+        serving._HOLDS.clear()
+    patch = serving.condition_patch(False, "Held", "x", "t")
+    assert patch["status"]["conditions"][0]["type"] == "hicache.dev/serving"
+    assert serving.current(pod(0, gate="False")) == "False"
+
+
+def _desired(**spec):
+    p = plan(body({"image": "img", **spec}), [gpu_node("n")])
+    return p.desired
+
+
+def test_status_ready_and_swap_progress():
+    d = _desired(replicas=3, hicache={"storage": {"backend": "file"}})
+    pods = [pod(i, restart=d.restart_hash, storage=d.storage_hash) for i in range(3)]
+    st = build_status(generation=4, previous=None, desired=d, errors=[], pods=pods, degraded=[], now="t1")
+    c = conds(st)
+    assert st["ready"] == "3/3" and st["observedGeneration"] == 4
+    assert c["Ready"]["status"] == "True" and c["Progressing"]["status"] == "False"
+    assert c["ConfigValid"]["status"] == "True" and c["Degraded"]["status"] == "False"
+    assert (st["currentBackend"], st["targetBackend"], st["swapProgress"]) == ("file", "file", "3/3")
+    assert all(x["observedGeneration"] == 4 and x["lastTransitionTime"] == "t1" for x in st["conditions"])
+
+
+def test_status_mid_swap_reports_old_backend_and_progress():
+    d = _desired(replicas=3, hicache={"storage": {"backend": "file"}})
+    pods = [pod(0, restart=d.restart_hash, storage=d.storage_hash),
+            pod(1, restart=d.restart_hash, storage="old", backend="none"),
+            pod(2, restart=d.restart_hash, storage="old", backend="none")]
+    st = build_status(generation=1, previous=None, desired=d, errors=[], pods=pods, degraded=[], now="t")
+    assert (st["currentBackend"], st["targetBackend"], st["swapProgress"]) == ("none", "file", "1/3")
+    assert conds(st)["Progressing"]["reason"] == "BackendSwap"
+
+
+def test_status_rolling_restart_and_degraded():
+    d = _desired(replicas=2)
+    pods = [pod(0, restart="old", storage=d.storage_hash), pod(1, restart=d.restart_hash, storage=d.storage_hash,
+                                                             ready=False)]
+    st = build_status(generation=1, previous=None, desired=d, errors=[], pods=pods,
+                      degraded=[("SizingNoLongerFits", "too big")], now="t")
+    c = conds(st)
+    assert c["Progressing"]["reason"] == "RollingRestart"
+    assert c["Degraded"]["reason"] == "SizingNoLongerFits" and c["Ready"]["status"] == "False"
+
+
+def test_invalid_spec_keeps_describing_running_pods():
+    prev = {"replicas": 2, "conditions": []}
+    st = build_status(generation=2, previous=prev, desired=None, errors=[("host-ratio", "raise it")],
+                      pods=[pod(0), pod(1)], degraded=[], now="t")
+    c = conds(st)
+    assert c["ConfigValid"]["status"] == "False" and c["ConfigValid"]["reason"] == "host-ratio"
+    assert "raise it" in c["ConfigValid"]["message"] and st["ready"] == "2/2"
+    assert "backendSwap" not in st
+
+
+def test_transition_time_moves_only_on_flip_and_foreign_conditions_survive():
+    prev = [{"type": "Ready", "status": "True", "lastTransitionTime": "t0"},
+            {"type": "BackendSwapHalted", "status": "True", "lastTransitionTime": "t0"}]
+    new = [{"type": "Ready", "status": "True", "reason": "a", "message": ""},
+           {"type": "Degraded", "status": "False", "reason": "b", "message": ""}]
+    merged = {c["type"]: c for c in merge_conditions(prev, new, 3, "t1")}
+    assert merged["Ready"]["lastTransitionTime"] == "t0" and merged["Degraded"]["lastTransitionTime"] == "t1"
+    assert "BackendSwapHalted" in merged
