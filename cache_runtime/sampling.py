@@ -1,0 +1,52 @@
+"""Sampling parameters (SGLang's names) and next-token selection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # greedy unless asked otherwise: outputs are deterministic
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def validate(self, vocab_size: int) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError("top_k must be -1 (disabled) or >= 1")
+        for t in self.stop_token_ids:
+            if not 0 <= t < vocab_size:
+                raise ValueError(f"stop_token_ids entry {t} is outside the vocabulary (0..{vocab_size - 1})")
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[int, float]:
+    """Picks the next token from one row of logits; returns (token, its log-probability under the model)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    if params.temperature == 0:
+        tok = int(torch.argmax(logprobs))
+        return tok, float(logprobs[tok])
+    scores = logits.float() / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(scores, min(params.top_k, scores.numel())).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        cum = torch.softmax(sorted_scores, -1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_scores, -1) > params.top_p
+        scores[order[drop]] = float("-inf")
+    probs = torch.softmax(scores, -1).cpu()
+    tok = int(torch.multinomial(probs, 1, generator=generator))
+    return tok, float(logprobs[tok])

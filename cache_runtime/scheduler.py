@@ -1,0 +1,439 @@
+"""The engine: one thread that owns the model and the cache, with a waiting queue and continuous batching.
+
+HTTP handlers only enqueue requests, abort them, or post closures (admin operations) that run
+on this thread between steps; outputs flow back through each request's ``emit`` callback. One
+step = admit what fits (FCFS, after L3 prefetch policies allow), then one forward over every
+running request: one token for those decoding, a prefill chunk for the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from cache_runtime.args import ServerArgs, parse_extra_config
+from cache_runtime.hicache import HiCache, Prefix
+from cache_runtime.memory import DevicePool, HostPool, bytes_per_token, host_pool_tokens
+from cache_runtime.model import ForwardBatch, SeqSpan, TinyTransformer, resolve_model
+from cache_runtime.policies import PrefetchConfig
+from cache_runtime.sampling import SamplingParams, sample
+from cache_runtime.storage_io import PrefetchOp
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class Draining(Exception):
+    """The server is draining: new work is refused with 503."""
+
+
+@dataclass
+class Output:
+    """What the engine tells a request's consumer after each step."""
+
+    output_ids: list[int]
+    finished: bool
+    meta: dict
+    finish_reason: dict | None = None
+    logprobs: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+class Request:
+    def __init__(self, input_ids: list[int], params: SamplingParams, emit: Callable[[Output], None],
+                 rid: str | None = None) -> None:
+        self.rid = rid or uuid.uuid4().hex
+        self.input_ids = input_ids
+        self.params = params
+        self.emit = emit
+        self.arrival = time.monotonic()
+        self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.prefix: Prefix | None = None
+        self.prefetch_op: PrefetchOp | None = None
+        self.storage_tokens = 0
+        self.slots: torch.Tensor | None = None
+        self.kv_len = 0
+        self.first_token_at: float | None = None
+        self.aborted = False
+        self.finished = False
+        self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    def cached_details(self) -> dict:
+        if self.prefix is None:
+            return {"device": 0, "host": 0, "storage": 0}
+        storage = min(self.storage_tokens, self.prefix.host_tokens)
+        return {"device": self.prefix.device_tokens, "host": self.prefix.host_tokens - storage, "storage": storage}
+
+    def meta(self) -> dict:
+        details = self.cached_details()
+        return {
+            "id": self.rid,
+            "prompt_tokens": len(self.input_ids),
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": sum(details.values()),
+            "cached_tokens_details": details,
+            "e2e_latency": time.monotonic() - self.arrival,
+        }
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    cached_device: int = 0
+    cached_host: int = 0
+    cached_storage: int = 0
+    requests_finished: int = 0
+    requests_failed: int = 0
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but no CUDA device is available")
+    return torch.device(name)
+
+
+class Engine:
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        torch.set_num_threads(args.cpu_threads)
+        self.model_cfg = resolve_model(args.model_path)
+        self.device = _pick_device(args.device)
+        if args.kv_cache_dtype == "auto":
+            self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        else:
+            self.dtype = _DTYPES[args.kv_cache_dtype]
+        cfg = self.model_cfg
+        self.context_length = min(args.context_length or cfg.max_context, cfg.max_context)
+        self.model = TinyTransformer(cfg, self.device)
+        self.device_pool = DevicePool(args.max_total_tokens, args.page_size, cfg.num_layers, cfg.num_heads,
+                                      cfg.head_dim, self.dtype, self.device)
+        host = None
+        if args.enable_hierarchical_cache:
+            token_bytes = bytes_per_token(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype)
+            size = host_pool_tokens(self.device_pool.size, args.page_size, args.hicache_ratio, args.hicache_size,
+                                    token_bytes)
+            host = HostPool(size, args.page_size, cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype,
+                            args.hicache_mem_layout, pin=self.device.type == "cuda")
+        self._wake = threading.Event()
+        self.cache = HiCache(self.device_pool, host, args.page_size, args.hicache_write_policy,
+                             args.hicache_io_backend, self._wake.set, enabled=not args.disable_radix_cache)
+        self.stats = EngineStats()
+        self.on_first_token: Callable[[float], None] | None = None  # metrics hooks, called on the engine thread
+        self.on_finish: Callable[[Request], None] | None = None
+        self._inbox: collections.deque[Request] = collections.deque()
+        self._aborts: collections.deque[str] = collections.deque()
+        self._commands: collections.deque = collections.deque()
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._by_rid: dict[str, Request] = {}
+        self.draining = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.storage_status_reason: str | None = None
+        if args.hicache_storage_backend:
+            self._attach_at_boot()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.cache.detach_storage()
+        if self.cache.transfer is not None:
+            self.cache.transfer.stop()
+
+    def _attach_at_boot(self) -> None:
+        from cache_runtime.storage.factory import create_storage_backend  # contract S
+
+        a = self.args
+        extra = parse_extra_config(a.hicache_storage_backend_extra_config)
+        prefetch, backend_extra = PrefetchConfig.from_extra_config(a.hicache_storage_prefetch_policy, extra)
+        config = self.storage_config(backend_extra)
+        try:
+            backend = create_storage_backend(a.hicache_storage_backend, config)
+        except ValueError:  # bad configuration: fail the boot with the message
+            raise
+        except Exception as exc:  # L3 down at boot: serve from L1+L2 and say why
+            self.storage_status_reason = f"{type(exc).__name__}: {exc}"
+            log.error("L3 backend %s unavailable at boot, running with L1+L2 only: %s",
+                      a.hicache_storage_backend, self.storage_status_reason)
+            return
+        self.cache.attach_storage(a.hicache_storage_backend, backend, prefetch, extra)
+
+    def storage_config(self, backend_extra: dict):
+        from cache_runtime.storage.base import HiCacheStorageConfig
+
+        a = self.args
+        return HiCacheStorageConfig(tp_rank=0, tp_size=a.tp_size, pp_rank=0, pp_size=a.pp_size, is_mla_model=False,
+                                    is_page_first_layout=a.hicache_mem_layout != "layer_first",
+                                    model_name=a.served_model_name or a.model_path, extra_config=backend_extra)
+
+    # ------------------------------------------------------------------ API for the server (any thread)
+    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+        """Raises ValueError with a client-facing message if the request can never run."""
+        if not input_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_cfg.vocab_size
+        for t in input_ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise ValueError(f"input_ids must be integers in 0..{vocab - 1}, got {t!r}")
+        params.validate(vocab)
+        total = len(input_ids) + params.max_new_tokens
+        if total > self.context_length:
+            raise ValueError(f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                             f"exceeds the context length ({self.context_length})")
+        if total > self.device_pool.size:
+            raise ValueError(f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                             f"exceeds the KV pool (--max-total-tokens {self.device_pool.size})")
+
+    def submit(self, req: Request, bypass_drain: bool = False) -> None:
+        if self.draining and not bypass_drain:
+            raise Draining("server is draining")
+        self.validate(req.input_ids, req.params)
+        self._inbox.append(req)
+        self._wake.set()
+
+    def abort(self, rid: str) -> None:
+        self._aborts.append(rid)
+        self._wake.set()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Runs ``fn`` on the engine thread between steps (admin operations)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.append((fn, fut))
+        self._wake.set()
+        return fut
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self.waiting) + len(self._inbox)
+
+    def is_idle(self) -> bool:
+        return not self.running and not self.waiting and not self._inbox
+
+    # ------------------------------------------------------------------ engine thread
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                worked = self._iterate()
+            except Exception:
+                log.exception("engine step failed; failing the running batch")
+                for req in list(self.running):
+                    self._finish(req, error="internal error in the engine step")
+                worked = True
+            if not worked:
+                pending = any(r.prefetch_op is not None for r in self.waiting) or self.waiting
+                self._wake.wait(0.005 if pending else 0.5)
+        for req in self.waiting + self.running + list(self._inbox):
+            req.emit(Output(req.output_ids, True, req.meta(), error="server shutting down"))
+
+    def _iterate(self) -> bool:
+        while self._commands:
+            fn, fut = self._commands.popleft()
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except Exception as exc:
+                    fut.set_exception(exc)
+        while self._inbox:
+            req = self._inbox.popleft()
+            self._by_rid[req.rid] = req
+            if self.cache.host is not None:
+                req.prefetch_op = self.cache.maybe_prefetch(self._cache_key(req.input_ids))
+            self.waiting.append(req)
+        while self._aborts:
+            req = self._by_rid.get(self._aborts.popleft())
+            if req is not None:
+                req.aborted = True
+        self.cache.poll()
+        self._admit()
+        return self._step()
+
+    def _cache_key(self, input_ids: list[int]) -> list[int]:
+        # the last prompt token is always recomputed: its logits start generation
+        return input_ids[: self.cache.aligned(len(input_ids) - 1)]
+
+    def _admit(self) -> None:
+        i = 0
+        while i < len(self.waiting):
+            req = self.waiting[i]
+            if req.aborted:
+                if req.prefetch_op is not None:
+                    self.cache.terminate_prefetch(req.prefetch_op)
+                del self.waiting[i]
+                self._emit_final(req, {"type": "abort"})
+                continue
+            if len(self.running) >= self.args.max_running_requests:
+                break
+            fetched = False
+            if req.prefetch_op is not None:
+                if not self.cache.can_terminate(req.prefetch_op):
+                    i += 1
+                    continue
+                req.storage_tokens = max(req.storage_tokens, self.cache.terminate_prefetch(req.prefetch_op))
+                req.prefetch_op = None
+                fetched = True
+            if not self._start(req):
+                if fetched:  # no L1 room yet: keep the L3 pages coming while it waits
+                    req.prefetch_op = self.cache.maybe_prefetch(self._cache_key(req.input_ids))
+                break
+            del self.waiting[i]
+
+    def _start(self, req: Request) -> bool:
+        prefix = self.cache.acquire_prefix(self._cache_key(req.input_ids))
+        need = len(req.input_ids) + req.params.max_new_tokens - prefix.length
+        own = self.cache.alloc_device(need)
+        if own is None:
+            self.cache.release_prefix(prefix)
+            return False
+        req.prefix = prefix
+        req.slots = torch.cat([prefix.slots, own])
+        req.kv_len = prefix.length
+        details = req.cached_details()
+        self.stats.prompt_tokens += len(req.input_ids)
+        self.stats.cached_device += details["device"]
+        self.stats.cached_host += details["host"]
+        self.stats.cached_storage += details["storage"]
+        self.running.append(req)
+        return True
+
+    def _step(self) -> bool:
+        for req in [r for r in self.running if r.aborted]:
+            self._finish(req, reason={"type": "abort"})
+        if not self.running:
+            return False
+        ids: list[int] = []
+        seqs: list[SeqSpan] = []
+        stepped: list[tuple[Request, int]] = []
+        loads = []
+        budget = self.args.chunked_prefill_size
+        # decodes first (one token each), then prefill chunks within the budget
+        for req in sorted(self.running, key=lambda r: r.kv_len < len(r.input_ids)):
+            tokens = req.tokens
+            remaining = len(tokens) - req.kv_len
+            prefilling = req.kv_len < len(req.input_ids)
+            n = min(remaining, budget) if prefilling else remaining
+            if n <= 0:
+                continue
+            if prefilling:
+                budget -= n
+            start = len(ids)
+            ids.extend(tokens[req.kv_len : req.kv_len + n])
+            seqs.append(SeqSpan(start, n, req.slots[: req.kv_len + n], req.kv_len + n == len(tokens)))
+            stepped.append((req, n))
+            for op in req.prefix.pending_loads:
+                if not op.done and op not in loads:
+                    loads.append(op)
+        if not stepped:
+            return False
+        positions = torch.cat([torch.arange(r.kv_len, r.kv_len + n) for r, n in stepped])
+        out_slots = torch.cat([r.slots[r.kv_len : r.kv_len + n] for r, n in stepped])
+        dev = self.device
+        batch = ForwardBatch(
+            torch.tensor(ids, dtype=torch.int64, device=dev), positions.to(dev), out_slots.to(dev),
+            [SeqSpan(s.start, s.num_new, s.ctx_slots.to(dev), s.want_logits) for s in seqs],
+            wait_layer=(lambda layer: [op.wait_layer(layer) for op in loads]) if loads else None,
+        )
+        logits = self.model(batch, self.device_pool.k, self.device_pool.v)
+        row = 0
+        for (req, n), seq in zip(stepped, seqs):
+            req.kv_len += n
+            req.prefix.pending_loads = []  # this forward waited for every layer of them
+            if not seq.want_logits:
+                continue
+            self._after_token(req, logits[row])
+            row += 1
+        return True
+
+    def _after_token(self, req: Request, logits: torch.Tensor) -> None:
+        p = req.params
+        if len(req.output_ids) >= p.max_new_tokens:  # max_new_tokens == 0: prefill only
+            self._finish(req, reason={"type": "length", "length": p.max_new_tokens})
+            return
+        tok, logprob = sample(logits, p, req.generator)
+        now = time.monotonic()
+        if req.first_token_at is None:
+            req.first_token_at = now
+            if self.on_first_token is not None:
+                self.on_first_token(now - req.arrival)
+        req.output_ids.append(tok)
+        req.logprobs.append(logprob)
+        self.stats.generation_tokens += 1
+        reason = None
+        if tok in p.stop_token_ids:
+            reason = {"type": "stop", "matched": tok}
+        elif p.stop:
+            text = bytes(req.output_ids[-64:]).decode("utf-8", errors="replace")
+            for s in p.stop:
+                if s and text.endswith(s):
+                    reason = {"type": "stop", "matched": s}
+                    break
+        if reason is None and len(req.output_ids) >= p.max_new_tokens:
+            reason = {"type": "length", "length": p.max_new_tokens}
+        if reason is not None:
+            self._finish(req, reason=reason)
+        else:
+            req.emit(Output(list(req.output_ids), False, req.meta(), logprobs=list(req.logprobs)))
+
+    def _finish(self, req: Request, reason: dict | None = None, error: str | None = None) -> None:
+        """Caches the request's KV (unless it failed), releases its locks and slots, and answers it."""
+        self.running.remove(req)
+        prefix = req.prefix
+        if error is None:
+            aligned = self.cache.aligned(req.kv_len)
+            self.cache.insert(req.tokens[:aligned], req.slots[:aligned], prefix.length)
+            self.device_pool.allocator.free(req.slots[aligned:])
+        else:
+            self.device_pool.allocator.free(req.slots[prefix.length :])
+        self.cache.release_prefix(prefix)
+        self._emit_final(req, reason, error)
+
+    def _emit_final(self, req: Request, reason: dict | None, error: str | None = None) -> None:
+        req.finished = True
+        self._by_rid.pop(req.rid, None)
+        if error is None:
+            self.stats.requests_finished += 1
+        else:
+            self.stats.requests_failed += 1
+        if self.on_finish is not None:
+            self.on_finish(req)
+        req.emit(Output(list(req.output_ids), True, req.meta(), reason, list(req.logprobs), error))
+
+    # ------------------------------------------------------------------ admin (engine thread only)
+    def flush(self) -> bool:
+        """SGLang's /flush_cache: drops L1 and L2 (never L3); refused unless idle."""
+        if not self.is_idle():
+            return False
+        if self.cache.transfer is not None and not self.cache.wait_transfers(timeout=30):
+            return False
+        self.cache.cancel_storage_backups()
+        self.cache.poll()
+        self.cache.reset()
+        return True

@@ -1,0 +1,543 @@
+"""FastAPI server: SGLang's native and OpenAI routes, the HiCache admin API, and bundled-mode extras."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import kernels
+from cache_runtime import __version__, tokenizer
+from cache_runtime.args import ServerArgs, parse_extra_config
+from cache_runtime.auth import Level, check
+from cache_runtime.metrics import Metrics
+from cache_runtime.policies import PREFETCH_POLICIES, WRITE_POLICIES, PrefetchConfig, check_policy
+from cache_runtime.protocol import (AttachIn, BadRequest, CompletionIn, DrainIn, GenerateIn, parse_json,
+                                    validate)
+from cache_runtime.sampling import SamplingParams
+from cache_runtime.scheduler import Draining, Engine, Output
+from cache_runtime.scheduler import Request as EngineRequest
+
+log = logging.getLogger(__name__)
+
+
+def error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def _finish_text(out: Output) -> str:
+    text = tokenizer.decode(out.output_ids)
+    reason = out.finish_reason or {}
+    matched = reason.get("matched")
+    if reason.get("type") == "stop" and isinstance(matched, str) and text.endswith(matched):
+        text = text[: -len(matched)]
+    return text
+
+
+def _sse(obj) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
+class Server:
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        self.engine = Engine(args)
+        self.metrics = Metrics(self.engine)
+        self.engine.on_first_token = self.metrics.ttft.observe
+        self.engine.on_finish = lambda req: self.metrics.e2e.observe(time.monotonic() - req.arrival)
+        self.model_name = args.served_model_name or args.model_path
+        self.app = self._build_app()
+
+    # ------------------------------------------------------------------ plumbing
+    def _auth(self, request: Request, level: Level):
+        return check(request, level, self.args.api_key, self.args.admin_api_key)
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.args.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _TooLarge()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge()
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _parse(self, request: Request, model):
+        return validate(model, parse_json(await self._body(request)))
+
+    def _submit(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
+                bypass_drain: bool = False) -> tuple[EngineRequest, asyncio.Queue]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        req = EngineRequest(input_ids, params, lambda out: loop.call_soon_threadsafe(q.put_nowait, out), rid)
+        self.engine.submit(req, bypass_drain)
+        return req, q
+
+    async def _collect(self, req: EngineRequest, q: asyncio.Queue) -> Output:
+        try:
+            while True:
+                out = await q.get()
+                if out.finished:
+                    return out
+        except asyncio.CancelledError:
+            self.engine.abort(req.rid)
+            raise
+
+    def _meta(self, out: Output, return_logprob: bool) -> dict:
+        meta = dict(out.meta)
+        meta["finish_reason"] = out.finish_reason
+        if return_logprob:
+            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(out.logprobs, out.output_ids)]
+        return meta
+
+    # ------------------------------------------------------------------ app
+    def _build_app(self) -> FastAPI:
+        @asynccontextmanager
+        async def lifespan(_app):
+            self.engine.start()
+            yield
+            await asyncio.to_thread(self.engine.shutdown)
+
+        app = FastAPI(title="cache_runtime", version=__version__, lifespan=lifespan, docs_url=None,
+                      redoc_url=None, openapi_url=None)
+
+        @app.exception_handler(BadRequest)
+        async def _bad(_r, exc):
+            return error(400, str(exc))
+
+        @app.exception_handler(_TooLarge)
+        async def _large(_r, _exc):
+            return error(413, f"request body exceeds {self.args.max_request_bytes} bytes", "RequestTooLarge")
+
+        @app.exception_handler(RequestValidationError)
+        async def _invalid(_r, exc):
+            return error(400, f"invalid request: {exc.errors()[:3]}")
+
+        @app.exception_handler(StarletteHTTPException)
+        async def _http(_r, exc):
+            return error(exc.status_code, str(exc.detail), "NotFound" if exc.status_code == 404 else "HTTPError")
+
+        @app.exception_handler(Exception)
+        async def _internal(_r, exc):
+            log.exception("unhandled error")
+            return error(500, f"internal error: {type(exc).__name__}", "InternalServerError")
+
+        self._routes_inference(app)
+        self._routes_info(app)
+        self._routes_admin(app)
+        if self.args.compat_mode == "bundled":
+            self._routes_bundled(app)
+        return app
+
+    # ------------------------------------------------------------------ inference
+    def _routes_inference(self, app: FastAPI) -> None:
+        @app.post("/generate")
+        async def generate(request: Request):
+            if (denied := self._auth(request, Level.NORMAL)) is not None:
+                return denied
+            body: GenerateIn = await self._parse(request, GenerateIn)
+            if (body.text is None) == (body.input_ids is None):
+                raise BadRequest("exactly one of text or input_ids is required")
+            prompts = body.text if body.text is not None else body.input_ids
+            batch = isinstance(prompts, list) and (body.text is not None or (prompts and isinstance(prompts[0], list)))
+            if not batch:
+                prompts = [prompts]
+            if not prompts:
+                raise BadRequest("the batch is empty")
+            ids = [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
+            params = body.sampling_params.to_params()
+            if body.stream and batch:
+                raise BadRequest("streaming a batch of prompts is not supported")
+            try:
+                submitted = [self._submit(x, params, body.rid if not batch else None) for x in ids]
+            except Draining:
+                return error(503, "server is draining; retry on another replica", "ServiceUnavailable")
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+            if body.stream:
+                req, q = submitted[0]
+                return StreamingResponse(self._stream_generate(req, q, body.return_logprob),
+                                         media_type="text/event-stream")
+            outs = await asyncio.gather(*(self._collect(r, q) for r, q in submitted))
+            results = []
+            for out in outs:
+                if out.error:
+                    return error(500, out.error, "InternalServerError")
+                results.append({"text": _finish_text(out), "output_ids": out.output_ids,
+                                "meta_info": self._meta(out, body.return_logprob)})
+            return results if batch else results[0]
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            if (denied := self._auth(request, Level.NORMAL)) is not None:
+                return denied
+            body: CompletionIn = await self._parse(request, CompletionIn)
+            prompt = body.prompt
+            if isinstance(prompt, str):
+                prompts = [tokenizer.encode(prompt)]
+            elif prompt and isinstance(prompt[0], str):
+                prompts = [tokenizer.encode(p) for p in prompt]
+            elif prompt and isinstance(prompt[0], list):
+                prompts = list(prompt)
+            else:
+                prompts = [prompt]
+            if body.stream and len(prompts) != 1:
+                raise BadRequest("streaming a batch of prompts is not supported")
+            params = body.to_params()
+            try:
+                submitted = [self._submit(p, params) for p in prompts]
+            except Draining:
+                return error(503, "server is draining; retry on another replica", "ServiceUnavailable")
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+            cid = f"cmpl-{uuid.uuid4().hex}"
+            created = int(time.time())
+            if body.stream:
+                req, q = submitted[0]
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                return StreamingResponse(self._stream_completion(req, q, cid, created, include_usage),
+                                         media_type="text/event-stream")
+            outs = await asyncio.gather(*(self._collect(r, q) for r, q in submitted))
+            choices = []
+            for i, out in enumerate(outs):
+                if out.error:
+                    return error(500, out.error, "InternalServerError")
+                choices.append({"index": i, "text": _finish_text(out), "logprobs": None,
+                                "finish_reason": self._openai_reason(out)})
+            return {"id": cid, "object": "text_completion", "created": created, "model": self.model_name,
+                    "choices": choices, "usage": self._usage(outs)}
+
+    def _openai_reason(self, out: Output) -> str | None:
+        if out.finish_reason is None:
+            return None
+        return "length" if out.finish_reason.get("type") == "length" else "stop"
+
+    def _usage(self, outs: list[Output]) -> dict:
+        prompt = sum(o.meta["prompt_tokens"] for o in outs)
+        completion = sum(o.meta["completion_tokens"] for o in outs)
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                 "prompt_tokens_details": None}
+        if self.args.enable_cache_report:
+            usage["prompt_tokens_details"] = {"cached_tokens": sum(o.meta["cached_tokens"] for o in outs)}
+        return usage
+
+    async def _stream_generate(self, req, q, return_logprob: bool) -> AsyncIterator[bytes]:
+        finished = False
+        try:
+            while True:
+                out: Output = await q.get()
+                if out.error:
+                    yield _sse({"error": {"message": out.error, "code": 500}})
+                    finished = True
+                    break
+                yield _sse({"text": _finish_text(out), "output_ids": out.output_ids,
+                            "meta_info": self._meta(out, return_logprob)})
+                if out.finished:
+                    finished = True
+                    break
+            yield _SSE_DONE
+        finally:
+            if not finished:
+                self.engine.abort(req.rid)
+
+    async def _stream_completion(self, req, q, cid: str, created: int, include_usage: bool) -> AsyncIterator[bytes]:
+        finished = False
+        decoder = tokenizer.IncrementalDecoder()
+        sent = 0
+        try:
+            while True:
+                out: Output = await q.get()
+                if out.error:
+                    yield _sse({"error": {"message": out.error, "code": 500}})
+                    finished = True
+                    break
+                delta = decoder.feed(out.output_ids[sent:])
+                sent = len(out.output_ids)
+                if out.finished:
+                    delta += decoder.flush()
+                    matched = (out.finish_reason or {}).get("matched")
+                    if isinstance(matched, str) and delta.endswith(matched):
+                        delta = delta[: -len(matched)]
+                chunk = {"id": cid, "object": "text_completion", "created": created, "model": self.model_name,
+                         "choices": [{"index": 0, "text": delta, "logprobs": None,
+                                      "finish_reason": self._openai_reason(out) if out.finished else None}]}
+                yield _sse(chunk)
+                if out.finished:
+                    finished = True
+                    if include_usage:
+                        yield _sse({"id": cid, "object": "text_completion", "created": created,
+                                    "model": self.model_name, "choices": [], "usage": self._usage([out])})
+                    break
+            yield _SSE_DONE
+        finally:
+            if not finished:
+                self.engine.abort(req.rid)
+
+    # ------------------------------------------------------------------ info
+    def _routes_info(self, app: FastAPI) -> None:
+        @app.get("/health")
+        async def health():
+            return Response(status_code=200)
+
+        @app.get("/health_generate")
+        async def health_generate():
+            try:
+                req, q = self._submit([ord("h")], SamplingParams(max_new_tokens=1), bypass_drain=True)
+                out = await asyncio.wait_for(self._collect(req, q), timeout=20)
+            except (asyncio.TimeoutError, ValueError) as exc:
+                return error(503, f"generation health check failed: {exc!r}", "ServiceUnavailable")
+            if out.error:
+                return error(503, out.error, "ServiceUnavailable")
+            return Response(status_code=200)
+
+        @app.get("/metrics")
+        async def metrics():
+            return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+        async def server_info(request: Request):
+            if (denied := self._auth(request, Level.NORMAL)) is not None:
+                return denied
+            return self._server_info()
+
+        app.get("/server_info")(server_info)
+        app.get("/get_server_info")(server_info)
+
+        @app.get("/get_model_info")
+        async def model_info(request: Request):
+            if (denied := self._auth(request, Level.NORMAL)) is not None:
+                return denied
+            return {"model_path": self.args.model_path, "tokenizer_path": None, "is_generation": True}
+
+        @app.get("/v1/models")
+        async def models(request: Request):
+            if (denied := self._auth(request, Level.NORMAL)) is not None:
+                return denied
+            return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                                "owned_by": "cache_runtime",
+                                                "max_model_len": self.engine.context_length}]}
+
+    def _server_info(self) -> dict:
+        e, cache = self.engine, self.engine.cache
+        storage = cache.storage
+        hicache = {
+            "enabled": cache.host is not None,
+            "layout": self.args.hicache_mem_layout,
+            "io_backend": self.args.hicache_io_backend,
+            "write_policy": cache.write_policy,
+            "device_pool_tokens": e.device_pool.size,
+            "host_pool_tokens": cache.host.size if cache.host else 0,
+            "host_pool_pinned": bool(cache.host and cache.host.pinned),
+            "storage_backend": cache.storage_backend_name,
+            "storage_degraded": (storage.degraded if storage else None) or e.storage_status_reason,
+        }
+        return {
+            **self.args.public_dict(),
+            "version": __version__,
+            "engine": "bundled",
+            "max_total_num_tokens": e.device_pool.size,
+            "device": str(e.device),
+            "kv_cache_dtype_effective": str(e.dtype).replace("torch.", ""),
+            "hicache": hicache,
+            "kernels": kernels.backend_info(),
+            "internal_states": [{"num_running_reqs": e.num_running, "num_queue_reqs": e.num_queued}],
+        }
+
+    # ------------------------------------------------------------------ admin
+    def _routes_admin(self, app: FastAPI) -> None:
+        async def flush_cache(request: Request):
+            if (denied := self._auth(request, Level.ADMIN_OPTIONAL)) is not None:
+                return denied
+            raw = request.query_params.get("timeout", "0")
+            try:
+                timeout = float(raw)
+            except ValueError:
+                raise BadRequest(f"timeout must be a number of seconds, got {raw!r}") from None
+            deadline = time.monotonic() + max(0.0, min(timeout, 300.0))
+            while not self.engine.is_idle() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            ok = await asyncio.wrap_future(self.engine.call(self.engine.flush))
+            if ok:
+                return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. "
+                                         "(When there are running or waiting requests, the operation will not be performed.)\n")
+            return PlainTextResponse(
+                f"Cache not flushed: scheduler is not idle. #queue-req={self.engine.num_queued} "
+                f"#running-req={self.engine.num_running}\n", status_code=400)
+
+        app.get("/flush_cache")(flush_cache)
+        app.post("/flush_cache")(flush_cache)
+
+        @app.put("/hicache/storage-backend")
+        async def attach(request: Request):
+            if (denied := self._auth(request, Level.ADMIN_REQUIRED)) is not None:
+                return denied
+            try:
+                body: AttachIn = await self._parse(request, AttachIn)
+                return await self._attach(body)
+            except (BadRequest, ValueError) as exc:
+                return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{exc}\n", status_code=400)
+
+        @app.delete("/hicache/storage-backend")
+        async def detach(request: Request):
+            if (denied := self._auth(request, Level.ADMIN_REQUIRED)) is not None:
+                return denied
+
+            def run():
+                if not self.engine.is_idle():
+                    return self._not_idle("detach")
+                self.engine.cache.detach_storage()
+                self.args.hicache_storage_backend = None
+                self.args.hicache_storage_backend_extra_config = None
+                self.engine.storage_status_reason = None
+                return None
+
+            refused = await asyncio.wrap_future(self.engine.call(run))
+            if refused:
+                return PlainTextResponse(f"Failed to detach HiCache storage backend.\n{refused}\n", status_code=400)
+            return PlainTextResponse("HiCache storage backend detached.\n")
+
+        @app.get("/hicache/storage-backend")
+        async def status(request: Request):
+            if (denied := self._auth(request, Level.ADMIN_REQUIRED)) is not None:
+                return denied
+            cache = self.engine.cache
+            out = {
+                "hicache_storage_backend": cache.storage_backend_name,
+                "hicache_storage_backend_extra_config": (json.dumps(cache.storage_extra_config)
+                                                         if cache.storage is not None else None),
+                "hicache_storage_prefetch_policy": self.args.hicache_storage_prefetch_policy,
+                "hicache_write_policy": cache.write_policy,
+            }
+            if self.args.compat_mode == "bundled":
+                storage = cache.storage
+                out["hicache_storage_degraded"] = (storage.degraded if storage else None) or \
+                    self.engine.storage_status_reason
+            return out
+
+        async def clear(request: Request):
+            if (denied := self._auth(request, Level.ADMIN_REQUIRED)) is not None:
+                return denied
+            storage = self.engine.cache.storage
+            if storage is None:
+                return PlainTextResponse("Failed to clear HiCache storage backend.\nNo storage backend attached.\n",
+                                         status_code=400)
+            try:
+                await asyncio.to_thread(storage.backend.clear)
+            except Exception as exc:
+                return PlainTextResponse(f"Failed to clear HiCache storage backend.\n{type(exc).__name__}: {exc}\n",
+                                         status_code=400)
+            return PlainTextResponse("HiCache storage backend cleared.\n")
+
+        app.post("/hicache/storage-backend/clear")(clear)
+        app.get("/clear_hicache_storage_backend")(clear)  # deprecated SGLang alias
+        app.post("/clear_hicache_storage_backend")(clear)
+
+    def _not_idle(self, what: str) -> str:
+        return (f"Reject {what}: scheduler is not idle. #queue-req={self.engine.num_queued} "
+                f"#running-req={self.engine.num_running}")
+
+    async def _attach(self, body: AttachIn):
+        from cache_runtime.storage.factory import create_storage_backend  # contract S
+
+        name = body.hicache_storage_backend
+        write_policy = body.hicache_write_policy or self.engine.cache.write_policy
+        check_policy("hicache_write_policy", write_policy, WRITE_POLICIES)
+        prefetch_policy = body.hicache_storage_prefetch_policy or self.args.hicache_storage_prefetch_policy
+        check_policy("hicache_storage_prefetch_policy", prefetch_policy, PREFETCH_POLICIES)
+        extra = parse_extra_config(body.hicache_storage_backend_extra_config_json)
+        prefetch, backend_extra = PrefetchConfig.from_extra_config(prefetch_policy, extra)
+        engine = self.engine
+
+        def precheck():
+            if engine.cache.host is None:
+                return "HiCache storage needs --enable-hierarchical-cache (no host pool on this server)."
+            if not engine.is_idle():
+                return self._not_idle("attach")
+            current = engine.cache.storage_backend_name
+            if current is not None and current != name:
+                return f"HiCache storage backend '{current}' is attached. Cannot attach different backend '{name}'. Detach first."
+            if current == name:  # same backend: only the policies change
+                engine.cache.write_policy = write_policy
+                engine.cache.prefetch = prefetch
+                self.args.hicache_write_policy = write_policy
+                self.args.hicache_storage_prefetch_policy = prefetch_policy
+                return "same"
+            return None
+
+        verdict = await asyncio.wrap_future(engine.call(precheck))
+        if verdict == "same":
+            return PlainTextResponse("HiCache storage backend already enabled with same backend; policies updated.\n")
+        if verdict:
+            return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{verdict}\n", status_code=400)
+        try:
+            backend = await asyncio.to_thread(create_storage_backend, name, engine.storage_config(backend_extra))
+        except Exception as exc:
+            return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{type(exc).__name__}: {exc}\n",
+                                     status_code=400)
+
+        def install():
+            if engine.cache.storage is not None:  # another attach won the race
+                return f"HiCache storage backend '{engine.cache.storage_backend_name}' is attached. Detach first."
+            engine.cache.attach_storage(name, backend, prefetch, extra)
+            engine.cache.write_policy = write_policy
+            engine.storage_status_reason = None
+            self.args.hicache_storage_backend = name
+            self.args.hicache_storage_backend_extra_config = body.hicache_storage_backend_extra_config_json
+            self.args.hicache_storage_prefetch_policy = prefetch_policy
+            self.args.hicache_write_policy = write_policy
+            return None
+
+        refused = await asyncio.wrap_future(engine.call(install))
+        if refused:
+            await asyncio.to_thread(backend.close)
+            return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{refused}\n", status_code=400)
+        return PlainTextResponse("HiCache storage backend attached.\n")
+
+    # ------------------------------------------------------------------ bundled extensions
+    def _routes_bundled(self, app: FastAPI) -> None:
+        @app.get("/load")
+        async def load():
+            e = self.engine
+            return {"in_flight": e.num_running, "queued": e.num_queued, "draining": e.draining}
+
+        @app.get("/ready")
+        async def ready():
+            if self.engine.draining:
+                return error(503, "draining", "ServiceUnavailable")
+            return {"status": "ready"}
+
+        @app.post("/admin/drain")
+        async def drain(request: Request):
+            if (denied := self._auth(request, Level.ADMIN_OPTIONAL)) is not None:
+                return denied
+            body: DrainIn = await self._parse(request, DrainIn)
+            self.engine.draining = body.drain
+            return {"draining": self.engine.draining}
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def run(args: ServerArgs) -> None:
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = Server(args)
+    uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                timeout_graceful_shutdown=5)
