@@ -1,0 +1,107 @@
+"""What the operator saw of each pod in one pass, and the rollout knobs.
+
+The planner trusts these observations over its own records: an action it
+asked for may or may not have happened (the operator can die in between), so
+every decision is re-derived from what the pod, its EndpointSlice and its
+runtime say *now*.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
+
+from .storage_config import ReportedBackend
+
+
+class PodObservation(BaseModel):
+    """One pod as seen at ``observed_at``.
+
+    ``serving_gate``: status of the pod's ``hicache.dev/serving`` condition
+    (None while the condition is absent, as on a new pod — Kubernetes keeps
+    such a pod not-Ready). ``endpoint_ready``: the ``ready`` condition of the
+    pod's address in the Service's EndpointSlices (None when the address is
+    in no slice, which also means "not routed"). ``backend``: the runtime's
+    ``GET /hicache/storage-backend``, None when that failed (then
+    ``runtime_error`` says why). ``in_flight``/``queued``: the runtime's
+    ``sglang:num_running_reqs``/``sglang:num_queue_reqs``, None when unknown.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    uid: str = Field(min_length=1)
+    phase: str = "Running"
+    deletion_timestamp: AwareDatetime | None = None
+    serving_gate: bool | None = None
+    endpoint_ready: bool | None = None
+    backend: ReportedBackend | None = None
+    in_flight: NonNegativeInt | None = None
+    queued: NonNegativeInt | None = None
+    runtime_error: str | None = None
+    observed_at: AwareDatetime
+
+    @property
+    def live(self) -> bool:
+        """Still a member of the fleet (not going away, not finished)."""
+        return self.deletion_timestamp is None and self.phase not in ("Succeeded", "Failed")
+
+    @property
+    def reachable(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def idle(self) -> bool:
+        return self.in_flight == 0 and self.queued == 0
+
+    @property
+    def available(self) -> bool:
+        """Counts as serving for the maxUnavailable budget."""
+        return self.live and self.phase == "Running" and self.serving_gate is True and self.endpoint_ready is True
+
+
+_PERCENT = re.compile(r"^(\d{1,3})%$")
+
+
+class RolloutSettings(BaseModel):
+    """``spec.rollout`` plus the fleet size.
+
+    ``max_unavailable``: pods allowed out of serving at once, counting pods
+    that are out for any other reason; an int >= 1 or a percentage of the
+    fleet (rounded down, at least 1), as in a Deployment.
+    ``drain_timeout_seconds``: how long one pod may take to drain; also bounds
+    each later wait on that pod (runtime unreachable mid-swap, endpoint not
+    coming back). ``desired_replicas``: when given, absent pods count as
+    unavailable. ``max_runtime_calls``: detach/attach calls one pod gets to
+    reach a config before it counts as failed (a swap needs two).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_unavailable: int | str = 1
+    drain_timeout_seconds: float = Field(default=300.0, gt=0)
+    desired_replicas: NonNegativeInt | None = None
+    poll_seconds: float = Field(default=2.0, gt=0)
+    max_runtime_calls: int = Field(default=4, ge=2)
+
+    @field_validator("max_unavailable", mode="before")
+    @classmethod
+    def _int_or_percent(cls, value: object) -> int | str:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError("maxUnavailable must be an integer or a percentage like '25%'")
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError("maxUnavailable must be at least 1 (0 would never let a pod be swapped)")
+            return value
+        match = _PERCENT.match(value.strip())
+        if not match or not 1 <= int(match.group(1)) <= 100:
+            raise ValueError(f"maxUnavailable {value!r} must be an integer >= 1 or a percentage from 1% to 100%")
+        return value.strip()
+
+    def budget(self, fleet_size: int) -> int:
+        if isinstance(self.max_unavailable, int):
+            return self.max_unavailable
+        percent = int(self.max_unavailable[:-1])
+        return max(1, math.floor(fleet_size * percent / 100))

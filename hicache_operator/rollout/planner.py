@@ -1,0 +1,505 @@
+"""Drain-aware rolling swap of the L3 storage backend: the pure planner.
+
+``plan_step`` looks at the fleet once and returns the NEXT step — new state
+to persist in ``status.backendSwap``, at most one action per pod, Events,
+conditions and a requeue hint. It never sleeps and never assumes an action
+happened: the operator may die after any action and before persisting, so
+every decision is re-derived from what the pods, their EndpointSlices and
+their runtimes report now, and every action is idempotent.
+
+Per pod (only pods whose runtime reports something other than the target)::
+
+    serving, wrong backend
+        |  start (within maxUnavailable; a pod already out of serving is free)
+        v                                  gate False, record persisted with `previous`
+    Draining --- runtime reports target already -----------------------------+
+        |  gate False seen, endpoint not ready, 0 running + 0 queued          |
+        |  (timeout: DrainTimeout) -------------------------+                 |
+        v                                                   |                 |
+    Swapping  one runtime call per step, then look again:   |                 |
+        |  other backend/extra attached -> Detach           |                 |
+        |  nothing attached (or same backend) -> Attach     |                 |
+        |  GET matches target ----------------------------- | --------------> +
+        |  attach refused / GET mismatch after attach /     |                 |
+        |  calls used up / runtime gone too long  ----------+                 |
+        |                                                   v                 |
+        |                                    RollingBack: same loop toward    |
+        |                                    `previous`; matches or gives up  |
+        |                                                   |                 |
+        v                                                   v                 v
+    Readmitting  gate True; done when the endpoint is ready again (timeout: Warning, record dropped)
+
+The first failure stops the rollout (phase Failed, condition
+BackendSwapFailed=True naming the pod and cause): pods still Draining go back
+unchanged, pods already Swapping finish (or fail and roll back), no new pod
+starts, until the target changes. A changed target (a revert included) starts
+a new rollout under the same budget: records carry over, so a pod mid-swap
+converges to the newest target; pods already on an older target are swapped
+again like any other.
+
+Verification is the next pass's GET, not an action: it then holds whether or
+not the operator survived the attach. No runtime call is made while the pod
+is routable or busy, even by a stale record.
+
+Crash safety: a runtime call is only made for a pod whose record (holding
+``previous``) came from the persisted state, never in the step that creates
+it. A record whose pod is seen serving again (its readmission was never
+persisted) is forgotten, so taking the pod out again spends budget. A pod
+found out of serving with no record (the operator died after the gate
+action) is adopted: continued if it still needs a swap, else readmitted.
+A record whose pod is gone or has a new uid is dropped; the new pod is judged
+afresh (a pod created from a template carrying the target needs nothing but
+its gate set True). Observations not newer than a pod's last action are
+treated as stale.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+from .actions import Action, Attach, Condition, Detach, Event, Plan, SetServingGate
+from .observation import PodObservation, RolloutSettings
+from .state import Failure, InvalidSwapState, Phase, PodSwap, Step, SwapState
+from .storage_config import (
+    StorageConfig,
+    as_target,
+    attach_payload,
+    clip_message,
+    config_matches,
+    storage_fingerprint,
+    updatable_in_place,
+)
+
+IN_PROGRESS_CONDITION = "BackendSwapInProgress"
+FAILED_CONDITION = "BackendSwapFailed"
+_MAX_TRANSITIONS = 5  # longest chain in one step: Draining->Swapping->RollingBack->Readmitting
+
+
+def plan_step(
+    target: StorageConfig | Mapping[str, Any],
+    pods: Sequence[PodObservation | Mapping[str, Any]],
+    settings: RolloutSettings | Mapping[str, Any],
+    state: SwapState | Mapping[str, Any] | None,
+    now: datetime,
+) -> Plan:
+    """Next step of the swap toward ``target``; see the module docstring.
+
+    ``state`` is ``status.backendSwap`` as persisted (None at first; an
+    unreadable one is discarded with a Warning — observation is enough to
+    resume, only rollback targets of pods mid-swap are lost). Raises
+    ValueError on bad input (an invalid or hostname-carrying target, naive
+    datetimes, duplicate pod names)."""
+    return _Planner(target, pods, settings, state, now).plan()
+
+
+def natural_key(name: str) -> list[Any]:
+    """``pod-2`` before ``pod-10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+@dataclass(frozen=True)
+class _Fail:
+    cause: str
+    message: str
+
+
+_DONE, _WAIT, _ACTED = "done", "wait", "acted"
+
+
+class _Planner:
+    def __init__(self, target, pods, settings, state, now: datetime) -> None:
+        if not isinstance(now, datetime) or now.tzinfo is None or now.utcoffset() is None:
+            raise ValueError("now must be a timezone-aware datetime")
+        self.now = now
+        self.target = as_target(target)
+        self.target_fp = storage_fingerprint(self.target)
+        self.settings = settings if isinstance(settings, RolloutSettings) else RolloutSettings.model_validate(settings)
+        self.pods: dict[str, PodObservation] = {}
+        for raw in pods:
+            obs = raw if isinstance(raw, PodObservation) else PodObservation.model_validate(raw)
+            if obs.name in self.pods:
+                raise ValueError(f"pod {obs.name!r} observed twice")
+            self.pods[obs.name] = obs
+        self.actions: list[Action] = []
+        self.events: list[Event] = []
+        self.acted: set[str] = set()
+        try:
+            prior = SwapState.from_status(state)
+        except InvalidSwapState as exc:
+            self._event("Warning", "SwapStateDiscarded", f"{exc}; resuming from observation")
+            prior = None
+        self.prior = prior
+        self.state = self._begin(prior)
+        self.records: dict[str, PodSwap] = dict(self.state.pods)
+
+    # ---------------------------------------------------------------- overall
+
+    def _begin(self, prior: SwapState | None) -> SwapState:
+        if prior is not None and prior.target == self.target_fp:
+            return prior
+        records: dict[str, PodSwap] = {}
+        if prior is not None:
+            for name, rec in prior.pods.items():
+                # A pod rolling back re-checks its drain before heading for the new target.
+                records[name] = self._moved(rec, Step.DRAINING) if rec.step is Step.ROLLING_BACK else rec
+            self._event(
+                "Normal",
+                "BackendSwapStarted",
+                f"storage target is now {self.target.describe()}; pods are swapped at most "
+                f"{self.settings.max_unavailable} out of serving at a time",
+            )
+        return SwapState(
+            phase=Phase.IN_PROGRESS,
+            target=self.target_fp,
+            target_backend=self.target.backend,
+            started_at=self.now,
+            pods=records,
+        )
+
+    @property
+    def failed(self) -> bool:
+        return self.state.phase is Phase.FAILED
+
+    def plan(self) -> Plan:
+        for name in sorted(self.records, key=natural_key):
+            self._advance(name)
+        live = sorted((o for o in self.pods.values() if o.live), key=lambda o: natural_key(o.name))
+        self._adopt_orphans(live)
+        self._start_and_admit(live)
+        return self._finish(live)
+
+    # ---------------------------------------------------------------- records
+
+    def _advance(self, name: str) -> None:
+        rec = self.records[name]
+        obs = self.pods.get(name)
+        if obs is None or not obs.live or obs.uid != rec.uid:
+            del self.records[name]
+            why = "disappeared" if obs is None else "is terminating" if not obs.live else "was replaced (new uid)"
+            self._event("Normal", "PodLeftSwap", f"pod {name} {why} during its backend swap ({rec.step.value}); "
+                        "a replacement is judged afresh", name)
+            return
+        if rec.step is not Step.READMITTING and self._fresh(obs, rec) and obs.available:
+            # Serving, so settled: the record predates a readmission whose
+            # state was never persisted. Taking the pod out again must
+            # compete for the budget like any other pod, so forget it.
+            del self.records[name]
+            return
+        handlers = {
+            Step.DRAINING: self._draining,
+            Step.SWAPPING: self._swapping,
+            Step.ROLLING_BACK: self._rolling_back,
+            Step.READMITTING: self._readmitting,
+        }
+        for _ in range(_MAX_TRANSITIONS):
+            rec = self.records.get(name)
+            if rec is None or not handlers[rec.step](name, rec, obs):
+                return
+
+    def _draining(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
+        fresh = self._fresh(obs, rec)
+        if self.failed:
+            self._event("Normal", "PodSwapAborted", f"rollout stopped; returning pod {name} to serving", name)
+            self._set(name, self._moved(rec, Step.ROLLING_BACK))
+            return True
+        if fresh and obs.reachable and config_matches(obs.backend, self.target):
+            self._set(name, self._moved(rec, Step.READMITTING))
+            return True
+        if fresh and obs.serving_gate is False and obs.endpoint_ready is not True and obs.reachable and obs.idle:
+            self._set(name, self._moved(rec, Step.SWAPPING))
+            return True
+        if self._timed_out(rec):
+            self._fail(name, "DrainTimeout", f"not drained after {self._elapsed(rec):.0f}s: {self._blockers(obs, fresh)}")
+            return True
+        if fresh and obs.serving_gate is not False:
+            self._act(name, rec, SetServingGate(name, rec.uid, False))
+        return False
+
+    def _swapping(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
+        result = self._converge(name, obs, self.target, self.target_fp)
+        if result == _DONE:
+            self._event("Normal", "PodSwapped", f"pod {name} now runs {self.target.describe()}; readmitting it", name)
+            self._set(name, self._moved(self.records[name], Step.READMITTING))
+            return True
+        if isinstance(result, _Fail):
+            self._fail(name, result.cause, result.message)
+            return True
+        return False
+
+    def _rolling_back(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
+        previous = _config_or_none(rec.previous)
+        if previous is None:
+            self._event("Warning", "RollbackSkipped", f"previous storage config of pod {name} is unknown; "
+                        "readmitting it as it is", name)
+            self._set(name, self._moved(rec, Step.READMITTING))
+            return True
+        result = self._converge(name, obs, previous, storage_fingerprint(previous))
+        if result == _DONE:
+            self._event("Normal", "PodRolledBack", f"pod {name} runs {previous.describe()} again; readmitting it", name)
+        elif isinstance(result, _Fail):
+            reported = obs.backend.describe() if obs.reachable else "unknown (runtime unreachable)"
+            message = clip_message(f"could not restore {previous.describe()} on pod {name} ({result.cause}: "
+                                   f"{result.message}); readmitting it with {reported}")
+            self._event("Warning", "RollbackFailed", message, name)
+            if self.state.failure is not None and self.state.failure.pod == name:
+                failure = self.state.failure.model_copy(
+                    update={"message": clip_message(f"{self.state.failure.message}; rollback failed: {result.message}")})
+                self.state = self.state.model_copy(update={"failure": failure})
+        else:
+            return False
+        self._set(name, self._moved(self.records[name], Step.READMITTING))
+        return True
+
+    def _readmitting(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
+        if not self._fresh(obs, rec):
+            return False
+        if obs.serving_gate is not True:
+            self._act(name, rec, SetServingGate(name, rec.uid, True, runs=_runs(obs)))
+        elif obs.endpoint_ready is True:
+            del self.records[name]
+        elif self._timed_out(rec):
+            del self.records[name]
+            self._event("Warning", "PodNotReady", f"pod {name} is back in serving but its endpoint is still not "
+                        f"ready after {self._elapsed(rec):.0f}s; it counts as unavailable until it is", name)
+        return False
+
+    def _converge(self, name: str, obs: PodObservation, want: StorageConfig, want_fp: str):
+        """One runtime call toward ``want``, or a verdict. Returns _DONE,
+        _WAIT, _ACTED or a _Fail."""
+        rec = self.records[name]
+        if rec.toward != want_fp:
+            rec = rec.model_copy(update={"toward": want_fp, "calls": 0, "last_call": None, "error": None,
+                                         "fatal": False, "since": self.now})
+            self._set(name, rec)
+        if not self._fresh(obs, rec):
+            return _Fail("StepTimeout", "no fresh observation of the pod") if self._timed_out(rec) else _WAIT
+        if not obs.reachable:
+            if self._timed_out(rec):
+                return _Fail("RuntimeUnreachable", f"runtime unreachable for {self._elapsed(rec):.0f}s: "
+                             f"{obs.runtime_error or 'no answer'}")
+            return _WAIT
+        reported = obs.backend
+        if config_matches(reported, want):
+            return _DONE
+        cause = "AttachFailed" if rec.last_call == "attach" else "DetachFailed"
+        if rec.fatal:
+            return _Fail(cause, rec.error or "refused")
+        if rec.last_call == "attach" and rec.error is None and reported.backend is not None:
+            return _Fail("VerifyMismatch", f"after attach the runtime reports {reported.describe()}, "
+                         f"expected {want.describe()}")
+        # Never touch a runtime that is routable or busy (a stale record may
+        # meet a pod that went back into serving).
+        if obs.serving_gate is not False or obs.endpoint_ready is True or not obs.idle:
+            if self._timed_out(rec):
+                return _Fail("DrainTimeout", f"not drained after {self._elapsed(rec):.0f}s: "
+                             f"{self._blockers(obs, True)}")
+            if obs.serving_gate is not False:
+                self._act(name, rec, SetServingGate(name, rec.uid, False))
+                return _ACTED
+            return _WAIT
+        if rec.calls >= self.settings.max_runtime_calls:
+            detail = f": {rec.error}" if rec.error else ""
+            return _Fail(cause, f"runtime still reports {reported.describe()} after {rec.calls} calls{detail}")
+        if reported.backend is not None and not updatable_in_place(reported, want):
+            action: Action = Detach(name, rec.uid)
+            call = "detach"
+        else:
+            action = Attach(name, rec.uid, attach_payload(want))
+            call = "attach"
+        self._act(name, rec, action, calls=rec.calls + 1, last_call=call, error=None, fatal=False)
+        return _ACTED
+
+    def _fail(self, name: str, cause: str, message: str) -> None:
+        rec = self.records[name]
+        previous = _config_or_none(rec.previous)
+        back_to = previous.describe() if previous is not None else "its previous config (unknown)"
+        if self.failed:
+            self._event("Warning", "PodSwapFailed", clip_message(f"pod {name}: {cause}: {message}"), name)
+        else:
+            self.state = self.state.model_copy(update={
+                "phase": Phase.FAILED,
+                "failure": Failure(pod=name, cause=cause, message=clip_message(message), at=self.now),
+            })
+            self._event("Warning", "BackendSwapFailed", clip_message(
+                f"pod {name}: {cause}: {message}; restoring {back_to}. The rollout stops until the storage target "
+                "changes"), name)
+        self._set(name, self._moved(rec, Step.ROLLING_BACK))
+
+    # ---------------------------------------------------------------- pods without records
+
+    def _adopt_orphans(self, live: list[PodObservation]) -> None:
+        for obs in live:
+            if obs.name in self.records or obs.name in self.acted or obs.serving_gate is not False:
+                continue
+            previous = obs.backend.to_config() if obs.reachable else None
+            needs_swap = obs.reachable and not config_matches(obs.backend, self.target)
+            rec = PodSwap(uid=obs.uid, step=Step.DRAINING, since=self.now, acted_at=self.now,
+                          previous=previous.canonical() if previous is not None else None)
+            if needs_swap and not self.failed:
+                self._in_progress()
+                self._set(obs.name, rec)
+                self._event("Normal", "PodAdopted", f"pod {obs.name} is out of serving with no swap record "
+                            "(operator restarted mid-step?); continuing its swap", obs.name)
+            else:
+                rec = self._moved(rec, Step.READMITTING)
+                self._act(obs.name, rec, SetServingGate(obs.name, obs.uid, True, runs=_runs(obs)))
+
+    def _start_and_admit(self, live: list[PodObservation]) -> None:
+        unavailable = {o.name for o in live if not o.available} | set(self.records)
+        budget = self.settings.budget(self._fleet_size(live))
+        absent = self._absent(live)
+        candidates = [
+            o for o in live
+            if o.name not in self.records and o.name not in self.acted and o.phase == "Running"
+            and o.serving_gate is not False and o.reachable and not config_matches(o.backend, self.target)
+        ]
+        if not self.failed:
+            candidates.sort(key=lambda o: (o.name not in unavailable, natural_key(o.name)))
+            for obs in candidates:
+                if obs.name in unavailable or len(unavailable) + absent < budget:
+                    unavailable.add(obs.name)
+                    self._start(obs)
+        for obs in live:
+            if obs.serving_gate is None and obs.name not in self.records and obs.name not in self.acted:
+                self._admit(obs)
+
+    def _start(self, obs: PodObservation) -> None:
+        self._in_progress()
+        previous = obs.backend.to_config()
+        rec = PodSwap(uid=obs.uid, step=Step.DRAINING, since=self.now, acted_at=self.now,
+                      previous=previous.canonical() if previous is not None else None)
+        self._act(obs.name, rec, SetServingGate(obs.name, obs.uid, False))
+        self._event("Normal", "PodDraining", f"taking pod {obs.name} out of serving to swap its storage backend "
+                    f"from {obs.backend.describe()} to {self.target.describe()}", obs.name)
+
+    def _admit(self, obs: PodObservation) -> None:
+        self.actions.append(SetServingGate(obs.name, obs.uid, True))
+        self.acted.add(obs.name)
+
+    # ---------------------------------------------------------------- summary
+
+    def _finish(self, live: list[PodObservation]) -> Plan:
+        matching = [o for o in live if o.reachable and config_matches(o.backend, self.target)]
+        mismatched = [o for o in live if o.reachable and not config_matches(o.backend, self.target)]
+        unknown = [o for o in live if not o.reachable]
+        fleet = self._fleet_size(live)
+        done = sum(1 for o in matching if o.name not in self.records)
+        if not self.failed:
+            if self.records or mismatched:
+                self._in_progress()
+            elif not unknown and not self._absent(live) and all(o.available for o in live):
+                if self.state.phase is not Phase.COMPLETE and self.prior is not None:
+                    self._event("Normal", "BackendSwapComplete", f"all {len(live)} pods run {self.target.describe()}")
+                self.state = self.state.model_copy(update={"phase": Phase.COMPLETE})
+        backends = sorted({o.backend.backend or "none" for o in live if o.reachable})
+        self.state = self.state.model_copy(update={
+            "pods": dict(sorted(self.records.items(), key=lambda kv: natural_key(kv[0]))),
+            "progress": f"{done}/{fleet}",
+            "current_backend": ",".join(backends) or "unknown",
+        })
+        pending = bool(self.records or self.actions or (not self.failed and (mismatched or unknown)))
+        return Plan(
+            state=self.state,
+            actions=self.actions,
+            events=self.events,
+            conditions=self._conditions(mismatched, unknown, live),
+            requeue_after=self.settings.poll_seconds if pending else None,
+        )
+
+    def _conditions(self, mismatched, unknown, live) -> list[Condition]:
+        state = self.state
+        no_failure = Condition(FAILED_CONDITION, "False", "NoFailure", "")
+        if state.phase is Phase.FAILED:
+            failure = state.failure or Failure(pod="?", cause="Unknown", message="no failure recorded", at=self.now)
+            return [
+                Condition(IN_PROGRESS_CONDITION, "False", "Failed", f"stopped by pod {failure.pod} ({failure.cause})"),
+                Condition(FAILED_CONDITION, "True", failure.cause, f"pod {failure.pod}: {failure.message}"),
+            ]
+        if state.phase is Phase.COMPLETE:
+            return [Condition(IN_PROGRESS_CONDITION, "False", "Complete",
+                              f"all pods run {self.target.describe()}"), no_failure]
+        summary = f"{state.progress} pods run {self.target.backend}"
+        if self.records or mismatched:
+            busy = ", ".join(f"{n} ({r.step.value})" for n, r in state.pods.items()) or "none yet"
+            return [Condition(IN_PROGRESS_CONDITION, "True", "Swapping", f"{summary}; in progress: {busy}"), no_failure]
+        waiting = [f"{o.name} (runtime: {o.runtime_error or 'no answer'})" for o in unknown]
+        waiting += [f"{o.name} (not serving)" for o in live if o.reachable and not o.available]
+        absent = self._absent(live)
+        if absent:
+            waiting.append(f"{absent} absent pod(s)")
+        return [Condition(IN_PROGRESS_CONDITION, "Unknown", "WaitingForPods",
+                          clip_message(f"{summary}; waiting for {', '.join(waiting)}")), no_failure]
+
+    # ---------------------------------------------------------------- helpers
+
+    def _fleet_size(self, live: list[PodObservation]) -> int:
+        desired = self.settings.desired_replicas
+        return desired if desired is not None else len(live)
+
+    def _absent(self, live: list[PodObservation]) -> int:
+        """Pods out of serving that no live observation stands for."""
+        desired = self.settings.desired_replicas
+        if desired is None:
+            return len(self.pods) - len(live)
+        return max(0, desired - len(live))
+
+    def _in_progress(self) -> None:
+        if self.state.phase is Phase.COMPLETE:
+            self.state = self.state.model_copy(update={"phase": Phase.IN_PROGRESS})
+
+    def _fresh(self, obs: PodObservation, rec: PodSwap) -> bool:
+        return obs.observed_at > rec.acted_at
+
+    def _elapsed(self, rec: PodSwap) -> float:
+        return (self.now - rec.since).total_seconds()
+
+    def _timed_out(self, rec: PodSwap) -> bool:
+        return self._elapsed(rec) > self.settings.drain_timeout_seconds
+
+    def _moved(self, rec: PodSwap, step: Step) -> PodSwap:
+        return rec.model_copy(update={"step": step, "since": self.now, "toward": None, "calls": 0,
+                                      "last_call": None, "error": None, "fatal": False})
+
+    def _set(self, name: str, rec: PodSwap) -> None:
+        self.records[name] = rec
+
+    def _act(self, name: str, rec: PodSwap, action: Action, **updates: Any) -> None:
+        self.records[name] = rec.model_copy(update={"acted_at": self.now, **updates})
+        self.actions.append(action)
+        self.acted.add(name)
+
+    def _event(self, type_: str, reason: str, message: str, pod: str | None = None) -> None:
+        self.events.append(Event(type_, reason, message, pod))
+
+    def _blockers(self, obs: PodObservation, fresh: bool) -> str:
+        if not fresh:
+            return "no fresh observation of the pod"
+        why = []
+        if obs.serving_gate is not False:
+            why.append("serving gate not yet False")
+        if obs.endpoint_ready is True:
+            why.append("endpoint still ready")
+        if not obs.reachable:
+            why.append(f"runtime unreachable ({obs.runtime_error or 'no answer'})")
+        elif not obs.idle:
+            running = "?" if obs.in_flight is None else obs.in_flight
+            queued = "?" if obs.queued is None else obs.queued
+            why.append(f"{running} running, {queued} queued")
+        return ", ".join(why)
+
+
+def _config_or_none(raw: Mapping[str, Any] | None) -> StorageConfig | None:
+    if raw is None:
+        return None
+    try:
+        return StorageConfig.model_validate(raw)
+    except ValueError:
+        return None
+
+
+def _runs(obs: PodObservation) -> dict[str, Any] | None:
+    config = obs.backend.to_config() if obs.reachable else None
+    return config.canonical() if config is not None else None

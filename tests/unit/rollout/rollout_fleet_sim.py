@@ -1,0 +1,380 @@
+"""A pure-Python fleet for driving the rollout planner through time.
+
+Pods have a serving gate, an EndpointSlice entry that follows readiness
+after a random lag, traffic that only arrives while the endpoint is ready,
+and a runtime that behaves like SGLang's admin API (idle check, "Detach
+first", same-backend attach only updates policies, detach of nothing is a
+no-op). The operator loop observes, plans, executes, applies outcomes and
+persists — and can crash anywhere in between. Every invariant the planner
+promises is checked as the world changes, not only at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from hicache_operator.rollout import (
+    ActionOutcome,
+    Attach,
+    Detach,
+    PodObservation,
+    ReportedBackend,
+    RolloutSettings,
+    SetServingGate,
+    SwapState,
+    apply_outcomes,
+    plan_step,
+    storage_fingerprint,
+)
+from hicache_operator.rollout.runtime_client import BackendError, NotIdle, Unreachable
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+# Targets a test can pick. `sim` in extra_config makes this fake runtime misbehave.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "file": {"backend": "file", "prefetch_policy": "best_effort", "write_policy": "write_through", "extra_config": {}},
+    "file-tuned": {"backend": "file", "prefetch_policy": "wait_complete", "write_policy": "write_through",
+                   "extra_config": {"prefetch_threshold": 128}},
+    "file-selective": {"backend": "file", "prefetch_policy": "best_effort",
+                       "write_policy": "write_through_selective", "extra_config": {}},
+    "mooncake": {"backend": "mooncake", "prefetch_policy": "timeout", "write_policy": "write_through",
+                 "extra_config": {"master_server_address": "mooncake-master:50051", "protocol": "tcp"}},
+    "none": {"backend": "none", "prefetch_policy": "best_effort", "write_policy": "write_through", "extra_config": {}},
+    "refused": {"backend": "dynamic", "prefetch_policy": "best_effort", "write_policy": "write_through",
+                "extra_config": {"backend_name": "x", "module_path": "m", "class_name": "C", "sim": "refuse"}},
+    "mangled": {"backend": "mooncake", "prefetch_policy": "timeout", "write_policy": "write_through",
+                "extra_config": {"master_server_address": "mooncake-master:50051", "sim": "mangle"}},
+}
+GOOD = ("file", "file-tuned", "file-selective", "mooncake", "none")
+
+
+class InvariantBroken(AssertionError):
+    pass
+
+
+@dataclass
+class SimRuntime:
+    """SGLang's HiRadixCache storage state, as the admin API sees it."""
+
+    backend: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    prefetch: str = "best_effort"
+    write: str = "write_through"
+
+    @classmethod
+    def booted_with(cls, cfg: dict[str, Any]) -> SimRuntime:
+        rt = cls(prefetch=cfg["prefetch_policy"], write=cfg["write_policy"])
+        if cfg["backend"] != "none":
+            rt.backend, rt.extra = cfg["backend"], dict(cfg["extra_config"])
+            if rt.backend == "mooncake":
+                # As if the command line carried the node's address: SGLang
+                # reports it back, and it must never be sent to another pod.
+                rt.extra["local_hostname"] = "10.0.0.7"
+            if rt.extra.get("sim") == "mangle":
+                rt.prefetch = "best_effort"
+        return rt
+
+    def report(self) -> ReportedBackend:
+        body = {
+            "hicache_storage_backend": self.backend,
+            "hicache_storage_backend_extra_config": json.dumps(self.extra) if self.backend else None,
+            "hicache_storage_prefetch_policy": self.prefetch,
+            "hicache_write_policy": self.write,
+        }
+        return ReportedBackend.from_response(body)
+
+    def fingerprint(self) -> str:
+        if self.backend is None:
+            return storage_fingerprint({"backend": "none"})
+        extra = {k: v for k, v in self.extra.items() if k != "local_hostname"}
+        return storage_fingerprint({"backend": self.backend, "prefetch_policy": self.prefetch,
+                                    "write_policy": self.write, "extra_config": extra})
+
+
+@dataclass
+class SimPod:
+    name: str
+    uid: str
+    boot_config: dict[str, Any]
+    runtime: SimRuntime
+    gate: bool | None = None
+    endpoint_ready: bool | None = None
+    up: bool = False
+    up_in: int = 1
+    in_flight: int = 0
+    queued: int = 0
+    stuck: bool = False  # requests that never finish: drain must time out
+    unhealthy: int = 0  # ticks left of a failing readiness probe
+    glitch: bool = False  # the next observation of the runtime fails
+    terminating: bool = False
+    last_flaky: bool = False
+    lag: int = 0
+    taken_out_config: str | None = None  # runtime fingerprint when the gate last went False
+
+    @property
+    def boot_fp(self) -> str:
+        return SimRuntime.booted_with(self.boot_config).fingerprint()
+
+    @property
+    def available(self) -> bool:
+        return not self.terminating and self.gate is True and self.endpoint_ready is True
+
+    def busy(self) -> bool:
+        return self.in_flight > 0 or self.queued > 0
+
+
+class Fleet:
+    def __init__(self, n: int, initial: str, *, max_unavailable: int | str = 1, seed: int = 0,
+                 drain_timeout: float = 8.0, flaky: float = 0.0) -> None:
+        self.rng = random.Random(seed)
+        self.clock = T0
+        self.replicas = n
+        self.target_name = initial
+        self.targets_seen = {storage_fingerprint(CONFIGS[initial])}
+        self.target_history = [initial]
+        self.settings = RolloutSettings(max_unavailable=max_unavailable, drain_timeout_seconds=drain_timeout,
+                                        desired_replicas=n, poll_seconds=1.0)
+        self.flaky = flaky
+        self.uids = 0
+        self.pods: dict[str, SimPod] = {}
+        self.recreate_in: dict[str, int] = {}
+        for i in range(n):
+            pod = self._new_pod(f"cache-{i}", CONFIGS[initial])
+            pod.gate, pod.endpoint_ready, pod.up = True, True, True
+            self.pods[pod.name] = pod
+        self.persisted: dict[str, Any] | None = None
+        self.last_plan = None
+        self.rollback_failed: set[str] = set()  # uids
+        self.attach_payloads: list[dict[str, Any]] = []
+        self.failures_seen: list[str] = []
+        self.reasons: set[str] = set()  # Event reasons seen, to show what a history exercised
+
+    # ------------------------------------------------------------ world
+
+    def _new_pod(self, name: str, boot: dict[str, Any]) -> SimPod:
+        self.uids += 1
+        return SimPod(name=name, uid=f"uid-{self.uids}", boot_config=boot, runtime=SimRuntime.booted_with(boot),
+                      up_in=self.rng.randint(1, 3))
+
+    @property
+    def target(self) -> dict[str, Any]:
+        return CONFIGS[self.target_name]
+
+    def set_target(self, name: str) -> None:
+        self.target_name = name
+        self.target_history.append(name)
+        self.targets_seen.add(storage_fingerprint(CONFIGS[name]))
+
+    def revert(self) -> None:
+        if len(self.target_history) >= 2:
+            self.set_target(self.target_history[-2])
+
+    def delete(self, name: str) -> None:
+        if name in self.pods:
+            self.pods[name].terminating = True
+
+    def restart_container(self, name: str, down: int | None = None) -> None:
+        pod = self.pods.get(name)
+        if pod and not pod.terminating:
+            pod.up, pod.up_in = False, down or self.rng.randint(1, 3)
+            pod.in_flight = pod.queued = 0
+            pod.runtime = SimRuntime.booted_with(pod.boot_config)
+
+    def tick(self) -> None:
+        self.clock += timedelta(seconds=1)
+        for name, pod in list(self.pods.items()):
+            if pod.terminating:
+                del self.pods[name]
+                self.recreate_in[name] = self.rng.randint(1, 3)
+                continue
+            if not pod.up:
+                pod.up_in -= 1
+                if pod.up_in <= 0:
+                    pod.up = True
+            pod.unhealthy = max(0, pod.unhealthy - 1)
+            ready = pod.gate is True and pod.up and pod.unhealthy == 0
+            if pod.endpoint_ready is not ready:
+                # The endpoints controller catches up within 1-3 ticks.
+                pod.lag = pod.lag or self.rng.randint(1, 3)
+                pod.lag -= 1
+                if pod.lag == 0:
+                    pod.endpoint_ready = ready
+            else:
+                pod.lag = 0
+            if pod.endpoint_ready and pod.up:
+                pod.in_flight, pod.queued = self.rng.randint(0, 3), self.rng.randint(0, 1)
+            else:
+                pod.in_flight, pod.queued = max(0, pod.in_flight - 1), 0
+            if pod.stuck and pod.up:
+                pod.in_flight = max(1, pod.in_flight)
+        for name in list(self.recreate_in):
+            self.recreate_in[name] -= 1
+            if self.recreate_in[name] <= 0:
+                del self.recreate_in[name]
+                # The StatefulSet template already carries the current target's flags.
+                self.pods[name] = self._new_pod(name, self.target)
+
+    def observe(self) -> list[PodObservation]:
+        out = []
+        for pod in self.pods.values():
+            reachable = pod.up and not pod.glitch
+            out.append(PodObservation(
+                name=pod.name, uid=pod.uid, phase="Running",
+                deletion_timestamp=self.clock if pod.terminating else None,
+                serving_gate=pod.gate, endpoint_ready=pod.endpoint_ready,
+                backend=pod.runtime.report() if reachable else None,
+                in_flight=pod.in_flight if reachable else None, queued=pod.queued if reachable else None,
+                runtime_error=None if reachable else "connection refused", observed_at=self.clock,
+            ))
+            pod.glitch = False
+        return out
+
+    # ------------------------------------------------------------ operator
+
+    def step(self, crash: str = "ok", prefix: int = 0) -> Any:
+        """One operator pass. crash: ok | drop (actions run, state not
+        persisted) | prefix (first `prefix` actions run, then the operator
+        dies) | reorder (actions run in a shuffled order)."""
+        plan = plan_step(self.target, self.observe(), self.settings, self.persisted, self.clock)
+        self.last_plan = plan
+        named = [a.pod for a in plan.actions]
+        if len(named) != len(set(named)):
+            raise InvariantBroken(f"more than one action for a pod in one step: {plan.actions}")
+        self.reasons.update(e.reason for e in plan.events)
+        if plan.state.failure is not None:
+            self.reasons.add(f"failure: {plan.state.failure.cause}")
+        for event in plan.events:
+            if event.reason == "RollbackFailed" and event.pod in self.pods:
+                self.rollback_failed.add(self.pods[event.pod].uid)
+            if event.reason in ("BackendSwapFailed", "PodSwapFailed"):
+                self.failures_seen.append(event.message)
+        actions = list(plan.actions)
+        if crash == "reorder":
+            self.rng.shuffle(actions)
+        if crash == "prefix":
+            actions = actions[:prefix]
+        outcomes = [self.execute(a) for a in actions]
+        status = plan.state.to_status()
+        encoded = json.dumps(status)
+        if len(encoded) > 600 * max(1, len(plan.state.pods)) + 800:
+            raise InvariantBroken(f"swap state is not small: {len(encoded)} bytes")
+        if SwapState.from_status(json.loads(encoded)) != plan.state:
+            raise InvariantBroken("swap state does not survive a JSON round trip")
+        if crash in ("ok", "reorder"):
+            self.persisted = json.loads(json.dumps(apply_outcomes(plan.state, outcomes).to_status()))
+        return plan
+
+    def execute(self, action) -> ActionOutcome:
+        pod = self.pods.get(action.pod)
+        if pod is None or pod.uid != action.uid:
+            return ActionOutcome(action, error="precondition failed: uid changed")
+        try:
+            if isinstance(action, SetServingGate):
+                self._set_gate(pod, action.serving)
+            elif isinstance(action, Detach):
+                self._runtime_call(pod, "detach", None)
+            elif isinstance(action, Attach):
+                self._runtime_call(pod, "attach", action.payload)
+            return ActionOutcome(action)
+        except Exception as exc:  # the executor turns every failure into an outcome
+            if isinstance(exc, InvariantBroken):
+                raise
+            return ActionOutcome.failed(action, exc)
+
+    def unavailable(self) -> int:
+        live = [p for p in self.pods.values() if not p.terminating]
+        return sum(1 for p in live if not p.available) + max(0, self.replicas - len(live))
+
+    def _set_gate(self, pod: SimPod, serving: bool) -> None:
+        if not serving:
+            was_available = pod.available
+            if pod.gate is not False:
+                pod.taken_out_config = pod.runtime.fingerprint()
+            pod.gate = False
+            if was_available and self.unavailable() > self.settings.budget(self.replicas):
+                raise InvariantBroken(
+                    f"taking {pod.name} out of serving made {self.unavailable()} pods unavailable "
+                    f"(maxUnavailable {self.settings.max_unavailable})")
+            return
+        if pod.gate is not True and pod.up:
+            if not self._settled(pod):
+                raise InvariantBroken(f"{pod.name} readmitted in an intermediate state: {pod.runtime.report()}")
+        pod.gate = True
+
+    def _settled(self, pod: SimPod) -> bool:
+        """On a config someone asked for: a target, what the pod booted with,
+        or what it ran when taken out of serving (unless its rollback failed)."""
+        allowed = self.targets_seen | {pod.boot_fp, pod.taken_out_config}
+        return pod.runtime.fingerprint() in allowed or pod.uid in self.rollback_failed
+
+    def _runtime_call(self, pod: SimPod, call: str, payload: dict[str, Any] | None) -> None:
+        if not pod.up:
+            raise Unreachable(f"{pod.name}: connection refused")
+        if self.flaky and not pod.last_flaky and self.rng.random() < self.flaky:
+            pod.last_flaky = True
+            raise Unreachable(f"{pod.name}: read timeout")
+        pod.last_flaky = False
+        if pod.gate is not False:
+            raise InvariantBroken(f"{call} on {pod.name} while its serving gate is {pod.gate}")
+        if pod.busy():
+            raise NotIdle(f"Reject {call}: scheduler is not idle. #queue-req={pod.queued} "
+                          f"#running-req={pod.in_flight}", pod.queued, pod.in_flight)
+        rt = pod.runtime
+        if call == "detach":
+            rt.backend, rt.extra = None, {}
+            return
+        self.attach_payloads.append(payload)
+        if "local_hostname" in json.dumps(payload).lower():
+            raise InvariantBroken(f"attach payload carries a hostname: {payload}")
+        extra = json.loads(payload["hicache_storage_backend_extra_config_json"])
+        if extra.get("sim") == "refuse":
+            raise BackendError("Failed to attach HiCache storage backend. sim refuses", status=400)
+        if rt.backend is not None and rt.backend != payload["hicache_storage_backend"]:
+            raise BackendError(f"Cannot attach different backend '{payload['hicache_storage_backend']}'. "
+                               "Detach first.", status=400)
+        if rt.backend is None:
+            rt.backend, rt.extra = payload["hicache_storage_backend"], extra
+        rt.prefetch = payload.get("hicache_storage_prefetch_policy", rt.prefetch)
+        rt.write = payload.get("hicache_write_policy", rt.write)
+        if rt.extra.get("sim") == "mangle":
+            rt.prefetch = "best_effort"
+
+    # ------------------------------------------------------------ checks
+
+    def run_until_quiet(self, limit: int = 400) -> Any:
+        """Clean operation (no chaos) until the planner has nothing to do."""
+        for pod in self.pods.values():
+            pod.stuck, pod.unhealthy = False, 0
+        self.flaky = 0.0
+        plan = None
+        for _ in range(limit):
+            self.tick()
+            plan = self.step()
+            if (not plan.actions and not plan.state.pods and not self.recreate_in
+                    and all(p.up and p.available for p in self.pods.values())
+                    and plan.state.phase.value in ("Complete", "Failed")):
+                return plan
+        raise InvariantBroken(f"no quiescence after {limit} steps: {plan.state.to_status() if plan else None}")
+
+    def check_quiet(self, plan) -> None:
+        if len(self.pods) != self.replicas:
+            raise InvariantBroken("pods missing at quiescence")
+        for pod in self.pods.values():
+            if pod.gate is not True:
+                raise InvariantBroken(f"{pod.name} left with serving gate {pod.gate}")
+            fp = pod.runtime.fingerprint()
+            if plan.state.phase.value == "Complete" and fp != storage_fingerprint(self.target):
+                raise InvariantBroken(f"rollout Complete but {pod.name} runs {pod.runtime.report()}")
+            if not self._settled(pod):
+                raise InvariantBroken(f"{pod.name} ended in an intermediate state: {pod.runtime.report()}")
+        if plan.state.phase.value == "Failed":
+            failing = self.pods.get(plan.state.failure.pod)
+            if failing is None:
+                raise InvariantBroken(f"failure names no pod of the fleet: {plan.state.failure}")
+            restored = {failing.taken_out_config, failing.boot_fp}
+            if failing.runtime.fingerprint() not in restored and failing.uid not in self.rollback_failed:
+                raise InvariantBroken(f"failed pod {failing.name} was not restored: {failing.runtime.report()}")

@@ -1,0 +1,120 @@
+"""Property tests: the planner driven through random histories of a
+simulated fleet (target changes and reverts, deleted and restarted pods,
+stuck requests, readiness blips, failed observations, flaky runtime calls)
+by an operator that crashes at random points. The fleet checks as it goes
+that the budget is never exceeded, no runtime is touched while serving, no
+pod returns to serving in an intermediate state and no payload carries a
+hostname; at the end, that the fleet settles with every pod serving, and
+that a good target always completes."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from .rollout_fleet_sim import CONFIGS, GOOD, Fleet
+
+WORLD = ["calm"] * 8 + ["target", "target", "revert", "delete", "restart", "stuck", "stall", "outage", "blip",
+                        "glitch"]
+OPERATOR = ["ok"] * 6 + ["drop", "prefix", "reorder"]
+
+
+@st.composite
+def history_step(draw):
+    return (
+        draw(st.sampled_from(WORLD)),
+        draw(st.sampled_from(sorted(CONFIGS))),
+        draw(st.integers(0, 4)),
+        draw(st.sampled_from(OPERATOR)),
+        draw(st.integers(0, 3)),
+    )
+
+
+def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
+    # "stall" and "outage" aim at a pod mid-swap when there is one.
+    swapping = sorted(name for name in (fleet.persisted or {}).get("pods", {}) if name in fleet.pods)
+    names = swapping if kind in ("stall", "outage") and swapping else sorted(fleet.pods)
+    name = names[index % len(names)] if names else None
+    if kind == "target":
+        fleet.set_target(config)
+    elif kind == "revert":
+        fleet.revert()
+    elif name is None:
+        return
+    elif kind == "delete":
+        fleet.delete(name)
+    elif kind == "restart":
+        fleet.restart_container(name)
+    elif kind in ("stuck", "stall"):
+        fleet.pods[name].stuck = True
+    elif kind == "outage":
+        fleet.restart_container(name, down=12)  # longer than the drain timeout
+    elif kind == "blip":
+        fleet.pods[name].unhealthy = 3
+    elif kind == "glitch":
+        fleet.pods[name].glitch = True
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 5),
+    max_unavailable=st.sampled_from([1, 2, 3, "50%"]),
+    initial=st.sampled_from(GOOD),
+    first_target=st.sampled_from(sorted(CONFIGS)),
+    seed=st.integers(0, 2**16),
+    flaky=st.sampled_from([0.0, 0.3]),
+    history=st.lists(history_step(), min_size=1, max_size=60),
+)
+def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target, seed, flaky, history):
+    fleet = Fleet(n, initial, max_unavailable=max_unavailable, seed=seed, flaky=flaky)
+    fleet.set_target(first_target)
+    for kind, config, index, crash, prefix in history:
+        apply_world(fleet, kind, config, index)
+        fleet.tick()
+        fleet.step(crash, prefix)
+
+    plan = fleet.run_until_quiet()
+    fleet.check_quiet(plan)
+    for reason in sorted(fleet.reasons):
+        event(reason)
+
+    fresh = next(name for name in GOOD if name != fleet.target_name)
+    fleet.set_target(fresh)
+    plan = fleet.run_until_quiet()
+    fleet.check_quiet(plan)
+    assert plan.state.phase.value == "Complete", plan.state.to_status()
+    assert plan.state.progress == f"{n}/{n}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 5),
+    max_unavailable=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+    revert_after=st.integers(1, 25),
+)
+def test_revert_mid_rollout_returns_every_pod_to_the_original(n, max_unavailable, seed, revert_after):
+    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed)
+    fleet.set_target("mooncake")
+    for _ in range(revert_after):
+        fleet.tick()
+        fleet.step()
+    fleet.revert()
+    plan = fleet.run_until_quiet()
+    fleet.check_quiet(plan)
+    assert plan.state.phase.value == "Complete"
+    assert {p.runtime.backend for p in fleet.pods.values()} == {"file"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 4), seed=st.integers(0, 2**16), bad=st.sampled_from(["refused", "mangled"]))
+def test_bad_target_fails_once_and_restores_the_pod(n, seed, bad):
+    fleet = Fleet(n, "file", max_unavailable=1, seed=seed)
+    fleet.set_target(bad)
+    plan = fleet.run_until_quiet()
+    fleet.check_quiet(plan)
+    assert plan.state.phase.value == "Failed"
+    failed_pods = {p.name for p in fleet.pods.values() if p.taken_out_config is not None}
+    assert failed_pods == {plan.state.failure.pod}, "the rollout must stop at the first failure"
+    assert plan.state.failure.cause == ("AttachFailed" if bad == "refused" else "VerifyMismatch")
+    assert {p.runtime.fingerprint() for p in fleet.pods.values()} == {fleet.pods[plan.state.failure.pod].boot_fp}
