@@ -9,6 +9,8 @@ it. The bundled runtime accepts SGLang's own flag names, so one ``cli`` column s
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +145,13 @@ def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_
         if f.key.startswith("hicache.storage.") and backend == "none":
             continue
         if f.key == "hicache.storage.extraConfig":
-            args += [f.cli, f"@{STORAGE_CONFIG_DIR}/{STORAGE_CONFIG_FILE}"]
+            # SGLang reports this flag back verbatim from GET /hicache/storage-backend, so it gets
+            # the JSON itself (a path would never compare equal to a swap target); the bundled
+            # runtime resolves the mounted ConfigMap and reports the parsed config.
+            if engine == "sglang":
+                args += [f.cli, json.dumps(lookup(spec, f.key) or {}, sort_keys=True, separators=(",", ":"))]
+            else:
+                args += [f.cli, f"@{STORAGE_CONFIG_DIR}/{STORAGE_CONFIG_FILE}"]
             continue
         value = lookup(spec, f.key)
         if value is None:

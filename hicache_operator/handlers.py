@@ -1,9 +1,12 @@
-"""kopf glue: every handler reads, calls ``reconcile``/``serving``, writes status and Events.
+"""kopf glue: every handler reads, calls ``reconcile``/``swap``, writes status and Events.
 
 Triggers:
-- HiCacheDeployment create/update/resume and a timer: full reconcile (apply children).
-- Pod events (pods we manage): set the ``hicache.dev/serving`` gate, then a cheap reconcile of
-  the owner (no apply) so restarts roll on as pods become Ready and READY stays current.
+- HiCacheDeployment create/update/resume and a timer: full reconcile (apply children), then one
+  backend-swap step (``swap.step``: admit new pods through the serving gate, move a swap on).
+- A short swap timer: one more swap step while a swap is pending (drains finish without any
+  Kubernetes event, so something must look again), never sleeping in a handler.
+- Pod events (pods we manage): a cheap reconcile of the owner (no apply) plus a swap step, so new
+  pods are admitted at once and restarts and swaps roll on as pods change.
 - Node events: nodes feed an index (sizing reads it; kopf fills indexes before handlers run),
   and a change that matters for sizing (labels, taints, allocatable, schedulability)
   re-reconciles every HiCacheDeployment, which reports "no longer fits" in Degraded.
@@ -13,7 +16,6 @@ no crash loop. API errors become kopf TemporaryErrors (retried with a delay).
 
 from __future__ import annotations
 
-import copy
 import datetime
 import logging
 import os
@@ -23,7 +25,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator import labels, metrics, serving
+from hicache_operator import labels, metrics, swap
 from hicache_operator.kube import Kube, load_config
 from hicache_operator.reconcile import Result, reconcile
 from hicache_operator.spec import GROUP, PLURAL, VERSION
@@ -31,6 +33,7 @@ from hicache_operator.spec import GROUP, PLURAL, VERSION
 PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
 INTERVAL_ENV = "HICACHE_RECONCILE_INTERVAL"
 INTERVAL = float(os.environ.get(INTERVAL_ENV, "30"))
+SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "2"))
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 
 _state: dict[str, Any] = {"kube": None}
@@ -98,10 +101,6 @@ def _nodes(index: kopf.Index) -> list[dict]:
     return list(index.get(None, []))
 
 
-def _status_changed(previous: dict, new: dict) -> bool:
-    return any(previous.get(k) != v for k, v in new.items())
-
-
 def _post(body: Any, result: Result, previous: dict) -> None:
     for etype, reason, message in result.events:
         kopf.event(body, type=etype, reason=reason, message=message)
@@ -111,13 +110,26 @@ def _post(body: Any, result: Result, previous: dict) -> None:
         kopf.event(body, type="Warning", reason=new["reason"], message=new.get("message", ""))
 
 
-def _run(body: Any, nodes: list[dict], *, trigger: str, apply: bool, post_findings: bool) -> Result:
-    raw = copy.deepcopy(dict(body))
-    meta = raw["metadata"]
-    with _lock(meta.get("namespace", "default"), meta["name"]), metrics.RECONCILE_SECONDS.labels(trigger).time():
+def _run(namespace: str, name: str, nodes: list[dict], *, trigger: str, apply: bool,
+         post_findings: bool | None = None) -> Result | None:
+    """One reconcile (+ one swap step) of the deployment as it is NOW, status written before
+    the lock is released, so concurrent triggers never plan from a stale status or overwrite a
+    newer one. ``post_findings`` None: post them when the generation is new."""
+    with _lock(namespace, name), metrics.RECONCILE_SECONDS.labels(trigger).time():
         try:
+            raw = _kube().get_deployment(namespace, name)
+            if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
+                return None
+            previous = raw.get("status") or {}
+            if post_findings is None:
+                post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
             result = reconcile(_kube(), raw, nodes, apply=apply, now=now(), process_backed=process_backed(),
                                post_findings=post_findings)
+            if result.plan.outcome.ok and result.plan.outcome.spec is not None:
+                _swap_step(raw, result)
+            status = {**previous, **result.status}
+            if status != previous:
+                _kube().replace_deployment_status(namespace, name, status)
         except ApiException as exc:
             metrics.RECONCILES.labels(trigger, "api_error").inc()
             raise kopf.TemporaryError(f"Kubernetes API error {exc.status} {exc.reason}: {exc.body}", delay=10) from exc
@@ -130,53 +142,52 @@ def _run(body: Any, nodes: list[dict], *, trigger: str, apply: bool, post_findin
                 metrics.NORMALISATIONS.labels(f.rule).inc()
     metrics.POD_RESTARTS.inc(len(result.deleted_pods))
     metrics.RECONCILES.labels(trigger, "ok" if outcome.ok else "invalid").inc()
-    _post(body, result, raw.get("status") or {})
+    _post(raw, result, previous)
     return result
+
+
+def _swap_step(raw: dict, result: Result) -> None:
+    """One backend-swap step; its state and conditions join the reconcile's status."""
+    step = swap.step(_kube().api, raw, result.plan.outcome.spec, result.pods, now())
+    result.status["backendSwap"] = step.backend_swap
+    generation = int(raw["metadata"].get("generation") or 0)
+    before = {c.get("type"): c for c in result.status.get("conditions") or []}
+    for cond in step.conditions:
+        old = before.get(cond.type)
+        before[cond.type] = {"type": cond.type, "status": cond.status, "reason": cond.reason,
+                             "message": cond.message, "observedGeneration": generation,
+                             "lastTransitionTime": old["lastTransitionTime"]
+                             if old and old.get("status") == cond.status and old.get("lastTransitionTime") else now()}
+    result.status["conditions"] = list(before.values())
+    for ev in step.events:
+        metrics.SWAP_EVENTS.labels(ev.reason).inc()
+        result.events.append((ev.type, ev.reason, ev.message))
 
 
 @kopf.on.resume(**RESOURCE)
 @kopf.on.create(**RESOURCE)
 @kopf.on.update(**RESOURCE)
-def on_spec(body: kopf.Body, patch: kopf.Patch, reason: str, node_index: kopf.Index, **_: Any) -> None:
-    trigger = getattr(reason, "value", str(reason))
-    result = _run(body, _nodes(node_index), trigger=trigger, apply=True, post_findings=True)
-    patch.setdefault("status", {}).update(result.status)
+def on_spec(namespace: str, name: str, reason: str, node_index: kopf.Index, **_: Any) -> None:
+    _run(namespace, name, _nodes(node_index), trigger=getattr(reason, "value", str(reason)), apply=True,
+         post_findings=True)
 
 
 @kopf.timer(**RESOURCE, interval=INTERVAL, initial_delay=INTERVAL)
-def on_timer(body: kopf.Body, patch: kopf.Patch, node_index: kopf.Index, **_: Any) -> None:
-    status = body.get("status") or {}
-    first = status.get("observedGeneration") != body["metadata"].get("generation")
-    result = _run(body, _nodes(node_index), trigger="timer", apply=True, post_findings=first)
-    if _status_changed(dict(status), result.status):
-        patch.setdefault("status", {}).update(result.status)
+def on_timer(namespace: str, name: str, node_index: kopf.Index, **_: Any) -> None:
+    _run(namespace, name, _nodes(node_index), trigger="timer", apply=True)
 
 
-def _reconcile_named(namespace: str, name: str, nodes: list[dict], *, trigger: str, apply: bool) -> None:
-    body = _kube().get_deployment(namespace, name)
-    if body is None:
-        return
-    result = _run(body, nodes, trigger=trigger, apply=apply, post_findings=False)
-    if _status_changed(body.get("status") or {}, result.status):
-        _kube().patch_deployment_status(namespace, name, result.status)
+@kopf.timer(**RESOURCE, interval=SWAP_POLL, initial_delay=SWAP_POLL)
+def on_swap_timer(body: kopf.Body, namespace: str, name: str, node_index: kopf.Index, **_: Any) -> None:
+    if swap.pending(body.get("status")):
+        _run(namespace, name, _nodes(node_index), trigger="swap", apply=False, post_findings=False)
 
 
 @kopf.on.event("", "v1", "pods", labels={labels.MANAGED_BY: labels.MANAGER})
-def on_pod(event: dict, body: kopf.Body, namespace: str, name: str, node_index: kopf.Index, **_: Any) -> None:
-    pod = dict(body)
-    if event.get("type") != "DELETED" and not (pod.get("metadata") or {}).get("deletionTimestamp"):
-        want, reason, message = serving.decide(pod)
-        if serving.current(pod) != ("True" if want else "False"):
-            try:
-                serving.set_condition(_kube().core, namespace, name, want, reason, message, now())
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise kopf.TemporaryError(f"cannot set the serving gate on {name}: {exc.reason}", delay=5) from exc
-                return
-            metrics.SERVING_PATCHES.labels("True" if want else "False").inc()
-    owner = ((pod.get("metadata") or {}).get("labels") or {}).get(labels.DEPLOYMENT)
+def on_pod(body: kopf.Body, namespace: str, node_index: kopf.Index, **_: Any) -> None:
+    owner = ((body.get("metadata") or {}).get("labels") or {}).get(labels.DEPLOYMENT)
     if owner:
-        _reconcile_named(namespace, owner, _nodes(node_index), trigger="pod", apply=False)
+        _run(namespace, owner, _nodes(node_index), trigger="pod", apply=False, post_findings=False)
 
 
 @kopf.on.event("", "v1", "nodes")
@@ -193,4 +204,4 @@ def on_node(event: dict, body: kopf.Body, name: str, node_index: kopf.Index, dep
     if first_sight:
         return
     for namespace, deployment in list(deployment_index.get(None, [])):
-        _reconcile_named(namespace, deployment, _nodes(node_index), trigger="node", apply=True)
+        _run(namespace, deployment, _nodes(node_index), trigger="node", apply=True, post_findings=False)

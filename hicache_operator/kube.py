@@ -20,7 +20,6 @@ from hicache_operator.spec import GROUP, PLURAL, VERSION
 
 FIELD_MANAGER = "hicache-operator"
 _APPLY = "application/apply-patch+yaml"
-_MERGE = "application/merge-patch+json"
 
 
 def load_config() -> None:
@@ -101,6 +100,10 @@ class Kube:
                 return None
             raise
 
-    def patch_deployment_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                         {"status": status}, _content_type=_MERGE)
+    def replace_deployment_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Write the whole status. A JSON patch, not a merge patch: a merge patch can only add or
+        change keys of nested objects, so a pod record dropped from ``backendSwap.pods`` would
+        live on."""
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, [{"op": "add", "path": "/status", "value": status}],
+            _content_type="application/json-patch+json")

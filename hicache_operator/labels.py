@@ -21,7 +21,6 @@ RENDERED_HASH = f"{PREFIX}/rendered-hash"  # on every child: hash of the rendere
 # Pod readiness gate the operator drives; the rollout holds it False while a pod is swapped.
 SERVING_CONDITION = f"{PREFIX}/serving"
 # Pod annotation that holds the gate False (value: why); survives operator restarts.
-SERVING_HOLD = f"{PREFIX}/serving-hold"
 
 
 def selector_labels(name: str) -> dict[str, str]:

@@ -12,5 +12,9 @@ VALIDATION_FAILURES = Counter("hicache_operator_validation_failures_total",
                               "Specs refused, by the rule that refused them.", ["rule"])
 NORMALISATIONS = Counter("hicache_operator_normalisations_total", "Spec rewrites applied, by rule.", ["rule"])
 POD_RESTARTS = Counter("hicache_operator_pod_restarts_total", "Pods deleted to pick up a new pod template.")
-SERVING_PATCHES = Counter("hicache_operator_serving_gate_patches_total",
-                          "hicache.dev/serving condition changes written to pods.", ["status"])
+SWAP_ACTIONS = Counter("hicache_operator_swap_actions_total",
+                       "Backend-swap actions run (SetServingGate, Detach, Attach), by result.", ["action", "result"])
+SWAP_STEP_SECONDS = Histogram("hicache_operator_swap_step_duration_seconds",
+                              "One observe-plan-act pass of a backend swap.")
+SWAP_EVENTS = Counter("hicache_operator_swap_events_total", "Backend-swap events, by reason (PodDraining, "
+                      "PodSwapped, PodRolledBack, BackendSwapComplete, ...).", ["reason"])

@@ -34,6 +34,7 @@ class Result:
     plan: Plan
     deleted_pods: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    pods: list[dict[str, Any]] = field(default_factory=list)  # as listed in this reconcile
 
 
 def event_reason(rule_name: str) -> str:
@@ -96,7 +97,7 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     if p.desired is None:
         errors = [(f.rule, f.message) for f in p.outcome.errors]
         return Result(build_status(generation=generation, previous=previous, desired=None, errors=errors,
-                                   pods=pods, degraded=[], now=now), p, events=events)
+                                   pods=pods, degraded=[], now=now), p, events=events, pods=pods)
     spec = p.outcome.spec
     assert spec is not None
     degraded: list[tuple[str, str]] = []
@@ -135,4 +136,4 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
 
     status = build_status(generation=generation, previous=previous, desired=p.desired, errors=[], pods=pods,
                           degraded=degraded, now=now)
-    return Result(status, p, deleted, events)
+    return Result(status, p, deleted, events, pods)

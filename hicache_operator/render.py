@@ -27,6 +27,8 @@ from hicache_operator.spec import GROUP, KIND, VERSION, HiCacheDeploymentSpec
 ADMIN_SECRET_KEY = "admin-api-key"
 CONTAINER = "runtime"
 RUN_AS = 1000
+# Volumes every pod gets (name -> mount path); extraVolumes and extraVolumeMounts must not clash.
+OPERATOR_VOLUMES = {"storage-config": flags.STORAGE_CONFIG_DIR, "tmp": "/tmp", "dshm": "/dev/shm"}
 
 
 @dataclass(frozen=True)
@@ -131,14 +133,15 @@ def _env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool) -> li
     return env
 
 
-def _resources(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None) -> dict[str, Any]:
+def resources(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None) -> dict[str, Any]:
     gpus = str(spec.ranks_per_pod)
     requests = {k: str(v) for k, v in spec.resources.requests.items()}
     limits = {k: str(v) for k, v in spec.resources.limits.items()}
     memory = (sizing or {}).get("podMemory")
     if memory:
         requests.setdefault("memory", memory)
-        limits.setdefault("memory", memory)
+        # A user's larger request raises the limit with it (a request above its limit is refused).
+        limits.setdefault("memory", requests["memory"])
     requests["nvidia.com/gpu"] = gpus
     limits["nvidia.com/gpu"] = gpus
     return {"requests": requests, "limits": limits}
@@ -165,7 +168,7 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, own
         "args": args(spec, sizing, include_storage=include_storage),
         "ports": [{"name": "http", "containerPort": flags.RUNTIME_PORT, "protocol": "TCP"}],
         "env": _env(spec, owner, include_storage),
-        "resources": _resources(spec, sizing),
+        "resources": resources(spec, sizing),
         "readinessProbe": {"httpGet": {**http, "path": probe_path}, "periodSeconds": 5, "timeoutSeconds": 2,
                            "failureThreshold": 2},
         "startupProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 10, "timeoutSeconds": 5,
@@ -175,9 +178,9 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, own
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                             "runAsNonRoot": True, "privileged": False},
         "volumeMounts": [
-            {"name": "storage-config", "mountPath": flags.STORAGE_CONFIG_DIR, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "storage-config", "mountPath": OPERATOR_VOLUMES["storage-config"], "readOnly": True},
+            {"name": "tmp", "mountPath": OPERATOR_VOLUMES["tmp"]},
+            {"name": "dshm", "mountPath": OPERATOR_VOLUMES["dshm"]},
             *spec.extra_volume_mounts,
         ],
     }

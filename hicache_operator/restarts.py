@@ -2,7 +2,7 @@
 
 Only non-storage changes restart pods (the restart hash leaves the storage config out). Pods
 out of serving for any reason share one budget, ``maxUnavailable``, with backend swaps: a pod
-whose serving gate is held (being swapped) is never deleted and counts as unavailable.
+whose serving gate is False (being swapped) is never deleted and counts as unavailable.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def _annotations(pod: dict) -> dict:
 
 
 def is_held(pod: dict) -> bool:
-    return labels.SERVING_HOLD in _annotations(pod)
+    """Taken out of serving by the backend-swap planner (its serving gate is False)."""
+    return any(c.get("type") == labels.SERVING_CONDITION and c.get("status") == "False"
+               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def plan_restarts(pods: list[dict], restart_hash: str, max_unavailable: int | str, replicas: int) -> list[str]:

@@ -30,6 +30,10 @@ RULES: tuple[Rule, ...] = (
          "metadata.name must be at most 52 characters: pod and controller-revision names append "
          "suffixes to it; choose a shorter name",
          "size(self.metadata.name) <= 52", "root"),
+    Rule("name-not-dns-label", "error",
+         "metadata.name must be a DNS label (lower case letters, digits and '-', starting with a letter): "
+         "the Services the operator creates are named after it",
+         "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", "root"),
     Rule("host-pool-mode", "error",
          "set exactly one of hicache.hostPool.ratio, hicache.hostPool.sizeGBPerRank or "
          "hicache.hostPool.fromNodeMemory",
@@ -86,6 +90,8 @@ RULES: tuple[Rule, ...] = (
          "it, or remove it and the operator sets it"),
     Rule("max-unavailable", "error",
          "rollout.maxUnavailable {value!r} must be a count like 1 or a percentage like '25%'"),
+    Rule("invalid-pod-field", "error",
+         "{field}: {problem} (the API server would refuse the pods' StatefulSet)"),
     Rule("schema", "error", "{detail}"),
     # ---- normalisations (SGLang rewrites these silently at boot; we say so) ----
     Rule("page-first-direct-kernel-io", "normalised",

@@ -22,6 +22,9 @@ SHORT_NAME = "hcd"
 
 # Kubernetes quantities and int-or-percent values arrive as YAML ints or strings.
 IntOrString = int | str
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+INT32_MAX = 2**31 - 1  # StatefulSet replicas and probe counts are int32
+MAX_RANKS = 1024
 
 
 def _enum(key: str) -> Any:
@@ -43,9 +46,10 @@ class _Model(BaseModel):
 
 class Parallelism(_Model):
     model_config = ConfigDict(json_schema_extra=_cel("parallelism"))
-    tp: int = _from_flag("parallelism.tp", ge=1)
-    dp: int = _from_flag("parallelism.dp", ge=1)
-    pp: int = _from_flag("parallelism.pp", ge=1)
+    # tp x pp GPUs go into the pod's resources as one integer quantity: keep it a sane integer.
+    tp: int = _from_flag("parallelism.tp", ge=1, le=MAX_RANKS)
+    dp: int = _from_flag("parallelism.dp", ge=1, le=MAX_RANKS)
+    pp: int = _from_flag("parallelism.pp", ge=1, le=MAX_RANKS)
 
 
 class FromNodeMemory(_Model):
@@ -56,7 +60,8 @@ class FromNodeMemory(_Model):
 
 class HostPool(_Model):
     model_config = ConfigDict(json_schema_extra=_cel("hostPool"))
-    ratio: float | None = Field(None, description=flags.flag("hicache.hostPool.ratio").help)
+    # The bound keeps ratio x maxTotalTokens finite for sizing; no host has 1000x its GPU memory.
+    ratio: float | None = Field(None, le=1000, description=flags.flag("hicache.hostPool.ratio").help)
     size_gb_per_rank: int | None = Field(None, ge=1, alias="sizeGBPerRank",
                                          description=flags.flag("hicache.hostPool.sizeGBPerRank").help)
     from_node_memory: FromNodeMemory | None = Field(
@@ -97,7 +102,7 @@ class HiCache(_Model):
 
 class Rollout(_Model):
     max_unavailable: IntOrString = Field(1, description="Pods out of serving at once (count or percent), for restarts and backend swaps.")
-    drain_timeout_seconds: int = Field(300, ge=1, description="How long a pod may take to finish in-flight requests.")
+    drain_timeout_seconds: int = Field(300, ge=1, le=INT32_MAX, description="How long a pod may take to finish in-flight requests.")
 
 
 class Resources(_Model):
@@ -118,8 +123,9 @@ class ModelShape(_Model):
 
 
 class SecretKeyRef(_Model):
-    name: str = Field(min_length=1)
-    key: str = Field("admin-api-key", min_length=1)
+    # The API server's own syntax for a Secret name and a data key, so a typo is refused at apply.
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    key: str = Field("admin-api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
 class Testing(_Model):
@@ -129,11 +135,12 @@ class Testing(_Model):
 class HiCacheDeploymentSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_cel("spec"))
     engine: Literal[flags.ENGINES] = Field("bundled", description="bundled cache runtime or sglang.launch_server.")  # type: ignore[valid-type]
-    image: str = Field(min_length=1, max_length=512)
+    # The API server refuses an image with leading or trailing whitespace.
+    image: str = Field(min_length=1, max_length=512, pattern=r"^\S(.*\S)?$")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     model: str = _from_flag("model", min_length=1, max_length=512)
     model_shape: ModelShape | None = None
-    replicas: int = Field(1, ge=0)
+    replicas: int = Field(1, ge=0, le=INT32_MAX)
     parallelism: Parallelism = Field(default_factory=Parallelism)
     page_size: int = _from_flag("pageSize", ge=1)
     max_total_tokens: int | None = _from_flag("maxTotalTokens", ge=1)

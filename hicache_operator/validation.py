@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 from pydantic import ValidationError
 
-from hicache_operator import flags, sizing
+from hicache_operator import flags, render, sizing
 from hicache_operator.rules import rule
 from hicache_operator.spec import HiCacheDeploymentSpec
 
@@ -73,6 +73,8 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
     hc, pool, storage = spec.hicache, spec.hicache.host_pool, spec.hicache.storage
     if name is not None and len(name) > 52:
         out.append(finding("name-too-long"))
+    if name is not None and not DNS_LABEL.fullmatch(name):
+        out.append(finding("name-not-dns-label"))
     modes = [pool.ratio, pool.size_gb_per_rank, pool.from_node_memory]
     if sum(m is not None for m in modes) != 1:
         out.append(finding("host-pool-mode"))
@@ -86,8 +88,9 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
         out.append(finding("dp-divides-tp"))
     if spec.engine == "sglang" and spec.model.startswith("builtin:"):
         out.append(finding("builtin-model-needs-bundled"))
-    if isinstance(spec.rollout.max_unavailable, str) and not re.fullmatch(r"\d+%", spec.rollout.max_unavailable):
-        out.append(finding("max-unavailable", value=spec.rollout.max_unavailable))
+    mu = spec.rollout.max_unavailable
+    if (isinstance(mu, int) and mu < 0) or (isinstance(mu, str) and not (re.fullmatch(r"\d+%", mu) and int(mu[:-1]) <= 100)):
+        out.append(finding("max-unavailable", value=mu))
     if storage.backend == "mooncake":
         master = (storage.mooncake.master_address if storage.mooncake else None)
         if not master and not storage.extra_config.get("master_server_address"):
@@ -97,6 +100,141 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
         if missing:
             out.append(finding("dynamic-backend-config", missing=", ".join(missing)))
     return out
+
+
+# Kubernetes' own syntax (apimachinery validation), for the fields copied into the pod template.
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+RFC1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_NAME_PART = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+QUALIFIED_NAME = re.compile(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME_PART}")
+LABEL_VALUE = re.compile(rf"({_NAME_PART})?")
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _qualified(key: Any) -> bool:
+    if not isinstance(key, str) or not QUALIFIED_NAME.fullmatch(key):
+        return False
+    prefix, _, part = key.rpartition("/")
+    return len(part) <= 63 and len(prefix) <= 253
+
+
+def _label_value(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 63 and bool(LABEL_VALUE.fullmatch(value))
+
+
+def _quantity(value: Any) -> Any:
+    try:
+        return parse_quantity(value)
+    except (ValueError, TypeError, ArithmeticError):
+        return None
+
+
+def _check_tolerations(tolerations: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    out = []
+    for i, tol in enumerate(tolerations):
+        at = f"tolerations[{i}]"
+        key, op, value = tol.get("key") or "", tol.get("operator") or "Equal", tol.get("value") or ""
+        if key and not _qualified(key):
+            out.append((f"{at}.key", f"{key!r} is not a valid label key"))
+        if op not in TOLERATION_OPERATORS:
+            out.append((f"{at}.operator", f"{op!r} must be Exists or Equal"))
+        elif op == "Exists" and value:
+            out.append((f"{at}.value", "must be empty when operator is Exists"))
+        elif not key and op != "Exists":
+            out.append((f"{at}.operator", "must be Exists when key is empty"))
+        if op == "Equal" and not _label_value(value):
+            out.append((f"{at}.value", f"{value!r} is not a valid label value"))
+        if tol.get("effect", "") not in TAINT_EFFECTS:
+            out.append((f"{at}.effect", f"{tol.get('effect')!r} must be one of NoSchedule, PreferNoSchedule, NoExecute"))
+        if tol.get("tolerationSeconds") is not None and tol.get("effect") != "NoExecute":
+            out.append((f"{at}.tolerationSeconds", "needs effect NoExecute"))
+    return out
+
+
+def _check_volumes(spec: HiCacheDeploymentSpec) -> list[tuple[str, str]]:
+    out = []
+    ours = set(render.OPERATOR_VOLUMES)
+    names: set[str] = set(ours)
+    for i, vol in enumerate(spec.extra_volumes):
+        name = vol.get("name")
+        if not isinstance(name, str) or len(name) > 63 or not RFC1123_LABEL.fullmatch(name):
+            out.append((f"extraVolumes[{i}].name", f"{name!r} must be a lower-case DNS label"))
+        elif name in names:
+            taken = "the operator's own volume" if name in ours else "another extra volume"
+            out.append((f"extraVolumes[{i}].name", f"{name!r} is already used by {taken}"))
+        names.add(name)
+    paths = set(render.OPERATOR_VOLUMES.values())
+    for i, mount in enumerate(spec.extra_volume_mounts):
+        if mount.get("name") not in names:
+            out.append((f"extraVolumeMounts[{i}].name", f"{mount.get('name')!r} is not a volume of the pod "
+                        "(add it to extraVolumes)"))
+        path = mount.get("mountPath")
+        if not isinstance(path, str) or not path:
+            out.append((f"extraVolumeMounts[{i}].mountPath", "is required"))
+        elif path.rstrip("/") in paths:
+            out.append((f"extraVolumeMounts[{i}].mountPath", f"{path!r} is already mounted by the operator"))
+        else:
+            paths.add(path.rstrip("/"))
+    return out
+
+
+def _check_resources(spec: HiCacheDeploymentSpec, rendered: dict[str, dict[str, str]],
+                     compare_memory: bool) -> list[tuple[str, str]]:
+    out = []
+    for which in ("requests", "limits"):
+        for name, value in getattr(spec.resources, which).items():
+            if not _qualified(name):
+                out.append((f"resources.{which}", f"{name!r} is not a valid resource name"))
+            q = _quantity(value)
+            if q is None:
+                out.append((f"resources.{which}.{name}", f"{value!r} is not a quantity"))
+            elif q < 0:
+                out.append((f"resources.{which}.{name}", f"{value!r} must not be negative"))
+    if out:
+        return out
+    requests, limits = rendered["requests"], rendered["limits"]
+    for name, req in requests.items():
+        if name == "memory" and not compare_memory:  # memory-request-too-small already says it
+            continue
+        hugepages = name.startswith("hugepages-")
+        extended = hugepages or ("/" in name and not name.split("/")[0].endswith("kubernetes.io"))
+        if extended and name not in limits:
+            out.append((f"resources.limits.{name}", "is required: requests of this resource need an equal limit"))
+        elif extended and _quantity(req) != _quantity(limits[name]):
+            out.append((f"resources.requests.{name}", "must equal its limit for this resource"))
+        elif name in limits and _quantity(req) > _quantity(limits[name]):
+            out.append((f"resources.requests.{name}", f"{req} exceeds the limit {limits[name]}"))
+    for name, value in {**requests, **limits}.items():
+        page = _quantity(name[len("hugepages-"):]) if name.startswith("hugepages-") else None
+        if page and _quantity(value) % page:
+            out.append((f"resources.{name}", f"{value} is not a whole number of {name[len('hugepages-'):]} pages"))
+        if page is not None and not {"cpu", "memory"} & (set(requests) | set(limits)):
+            out.append(("resources", "hugepages need a cpu or memory request or limit"))
+    return out
+
+
+def check_pod_fields(spec: HiCacheDeploymentSpec, sizing_record: dict[str, Any] | None, *,
+                     compare_memory: bool = True) -> list[Finding]:
+    """Fields copied into the pod template, checked with the API server's own rules so that a
+    mistake is a ConfigValid=False naming the field instead of a StatefulSet the API server refuses."""
+    problems: list[tuple[str, str]] = []
+    for key, value in spec.node_selector.items():
+        if not _qualified(key):
+            problems.append(("nodeSelector", f"{key!r} is not a valid label key"))
+        elif not _label_value(value):
+            problems.append((f"nodeSelector.{key}", f"{value!r} is not a valid label value"))
+    problems += _check_tolerations(spec.tolerations)
+    anti = (spec.affinity or {}).get("podAntiAffinity", {})
+    if not isinstance(anti, dict) or not isinstance(anti.get("requiredDuringSchedulingIgnoredDuringExecution", []), list):
+        problems.append(("affinity.podAntiAffinity", "must be an object whose requiredDuringSchedulingIgnoredDuringExecution "
+                         "is a list (the operator adds one-pod-per-node to it)"))
+    for section in ("nodeAffinity", "podAffinity"):
+        if not isinstance((spec.affinity or {}).get(section, {}), dict):
+            problems.append((f"affinity.{section}", "must be an object"))
+    problems += _check_volumes(spec)
+    problems += _check_resources(spec, render.resources(spec, sizing_record), compare_memory)
+    return [finding("invalid-pod-field", field=f, problem=p) for f, p in problems]
 
 
 def normalise(spec: HiCacheDeploymentSpec) -> tuple[HiCacheDeploymentSpec, list[Finding]]:
@@ -144,7 +282,8 @@ def check_memory_request(spec: HiCacheDeploymentSpec, record: dict[str, Any]) ->
     out = []
     for which in ("requests", "limits"):
         given = getattr(spec.resources, which).get("memory")
-        if need and given is not None and int(parse_quantity(given)) < need:
+        quantity = _quantity(given)  # an unreadable one is reported by check_pod_fields
+        if need and quantity is not None and int(quantity) < need:
             out.append(finding("memory-request-too-small", which=which, given=given,
                                needed=sizing.fmt_bytes(need)))
     return out
@@ -178,6 +317,7 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[d
         if "ineligible" in outcome.sizing:
             findings.append(finding("no-eligible-nodes-yet", gpus=effective.ranks_per_pod,
                                     why=outcome.sizing["ineligible"]))
-    if outcome.sizing:
-        findings += check_memory_request(effective, outcome.sizing)
+    memory = check_memory_request(effective, outcome.sizing) if outcome.sizing else []
+    findings += memory
+    findings += check_pod_fields(effective, outcome.sizing, compare_memory=not memory)
     return outcome

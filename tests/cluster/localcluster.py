@@ -13,6 +13,7 @@ endpoints; tests that need endpoints skip in that mode.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -50,12 +51,12 @@ class NodeSpec:
 class Network:
     kwok_cidr: str      # pods KWOK simulates
     runner_cidr: str    # pods run as real processes
-    node_ip_prefix: str  # node i gets <prefix>.<i+1>
+    node_net: str        # node i gets the (i+1)-th address of this network
     endpoints_work: bool
 
 
-PRIVATE_NET = Network("10.244.0.0/17", "10.244.128.0/17", "10.243.0", True)
-LOOPBACK_NET = Network("127.1.0.0/17", "127.1.128.0/17", "127.0.0", False)
+PRIVATE_NET = Network("10.244.0.0/17", "10.244.128.0/17", "10.243.0.0/16", True)
+LOOPBACK_NET = Network("127.1.0.0/17", "127.1.128.0/17", "127.0.0.0/24", False)
 
 
 def default_nodes(n_gpu: int = 3, n_cpu: int = 1) -> list[NodeSpec]:
@@ -226,7 +227,7 @@ class LocalCluster:
     def _start_kwok(self) -> None:
         stages = self._write_kwok_stages()
         argv = [self._bin("kwok"), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=true",
-                f"--cidr={self.network.kwok_cidr}", f"--node-ip={self.network.node_ip_prefix}.1",
+                f"--cidr={self.network.kwok_cidr}", f"--node-ip={self.node_ip(0)}",
                 "--node-lease-duration-seconds=40", "--server-address=127.0.0.1:0"]
         for s in stages:
             argv += ["-c", str(s)]
@@ -271,7 +272,7 @@ class LocalCluster:
             res[GPU_RESOURCE] = str(spec.gpus)
         labels = {"type": "kwok", "kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux",
                   "kubernetes.io/arch": "amd64", **spec.labels}
-        ip = f"{self.network.node_ip_prefix}.{i + 1}" if self.network.endpoints_work else "127.0.0.1"
+        ip = self.node_ip(i) if self.network.endpoints_work else "127.0.0.1"
         return {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": spec.name, "labels": labels,
                              "annotations": {"kwok.x-k8s.io/node": "fake"}},
@@ -279,6 +280,9 @@ class LocalCluster:
                 "status": {"capacity": res, "allocatable": res,
                            "addresses": [{"type": "InternalIP", "address": ip},
                                          {"type": "Hostname", "address": spec.name}]}}
+
+    def node_ip(self, i: int) -> str:
+        return str(ipaddress.ip_network(self.network.node_net)[i + 1])
 
     def _create_nodes(self) -> None:
         docs = [self.node_manifest(i, n) for i, n in enumerate(self.nodes)]

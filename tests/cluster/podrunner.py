@@ -4,7 +4,8 @@ Pods annotated `hicache.dev/process-backed: "true"` and bound to a node are star
 here instead of by KWOK: the first container's command and args run with the pod's
 environment (downward-API fields, Secret and ConfigMap references and `$(VAR)`
 expansion resolved as a kubelet would), at an address from `--cidr` added to the
-private namespace's `lo`. The readinessProbe (httpGet) decides ContainersReady, and
+private namespace's `lo`. Probes (httpGet) follow kubelet rules: the startupProbe gates the others, the
+readinessProbe decides ContainersReady, and
 Ready is ContainersReady AND every readinessGate condition, so EndpointSlices show
 ready/not-ready exactly as they would on a real node. A livenessProbe failure or an
 exit restarts the process (restartPolicy Always), counting restarts. Deleting the pod
@@ -42,6 +43,8 @@ from kubernetes.client.rest import ApiException
 from . import netns
 
 ANNOTATION = "hicache.dev/process-backed"
+TICK = 0.25  # seconds between looks at a pod's process
+PROBE_CAP = 1.0  # readiness/startup probes run at least this often, whatever periodSeconds says
 log = logging.getLogger("podrunner")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
 
@@ -192,9 +195,11 @@ class PodWorker(threading.Thread):
 
     @staticmethod
     def _rewrite(value: str, mounts: dict[str, Path]) -> str:
-        for path in sorted(mounts, key=len, reverse=True):
-            value = re.sub(rf"(?<![\w/]){re.escape(path)}(?=/|$|\W)", str(mounts[path]), value)
-        return value
+        """One pass over all mount paths (longest first), so a rewritten path is never rewritten again."""
+        if not mounts:
+            return value
+        alternatives = "|".join(re.escape(p) for p in sorted(mounts, key=len, reverse=True))
+        return re.sub(rf"(?<![\w/])({alternatives})(?=/|$|\W)", lambda m: str(mounts[m.group(1)]), value)
 
     # -- process -------------------------------------------------------------------------
     def _start_process(self) -> None:
@@ -216,8 +221,13 @@ class PodWorker(threading.Thread):
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         logf.close()
         self.started_at = now()
+        self.process_started = time.monotonic()
+        self.started = False
+        self.startup_failures = 0
+        self.next_probe: dict[str, float] = {}
         self.liveness_failures = 0
         self.readiness = {"ok": 0, "fail": 0}
+        self.ready = False
         log.info("started %s/%s pid=%s ip=%s: %s", self.ns, self.name, self.proc.pid, self.ip, " ".join(argv))
 
     def _kill_process(self, grace: float) -> None:
@@ -297,8 +307,7 @@ class PodWorker(threading.Thread):
             self._cleanup()
             return
         c = self.container()
-        rp, lp = c.get("readinessProbe"), c.get("livenessProbe")
-        period = min((rp or {}).get("periodSeconds", 1), 2)
+        rp, lp, sp = c.get("readinessProbe"), c.get("livenessProbe"), c.get("startupProbe")
         backoff = 1.0
         while not self.stop_event.is_set():
             code = self.proc.poll()
@@ -311,28 +320,58 @@ class PodWorker(threading.Thread):
                 self.restarts += 1
                 self._start_process()
                 continue
-            ok = self._probe(rp)
-            if ok is None:
-                self.ready = True
+            self._run_probes(rp, lp, sp)
+            self._patch_status(self.ready, True)
+            self.stop_event.wait(TICK)
+        self._cleanup()
+
+    def _due(self, name: str, probe: dict, fast: bool) -> bool:
+        """Kubelet timing: initialDelaySeconds, then every periodSeconds (readiness and startup
+        are polled at most every PROBE_CAP seconds so tests see flips quickly)."""
+        period = float(probe.get("periodSeconds") or 10)
+        if fast:
+            period = min(period, PROBE_CAP)
+        t = time.monotonic()
+        first = self.process_started + float(probe.get("initialDelaySeconds") or 0)
+        nxt = self.next_probe.get(name, first)
+        if t < nxt:
+            return False
+        self.next_probe[name] = t + period
+        return True
+
+    def _run_probes(self, rp: dict | None, lp: dict | None, sp: dict | None) -> None:
+        if not self.started:
+            if sp is None:
+                self.started = True
+            elif self._due("startup", sp, fast=True):
+                if self._probe(sp):
+                    self.started = True
+                else:
+                    self.startup_failures += 1
+                    if self.startup_failures >= (sp.get("failureThreshold") or 3):
+                        log.info("startup probe failed for %s/%s: restarting", self.ns, self.name)
+                        self._kill_process(grace=2)
+                return
             else:
-                self.readiness["ok" if ok else "fail"] += 1
-                self.readiness["fail" if ok else "ok"] = 0
-                if ok and self.readiness["ok"] >= (rp.get("successThreshold") or 1):
-                    self.ready = True
-                elif not ok and self.readiness["fail"] >= (rp.get("failureThreshold") or 3):
-                    self.ready = False
-            live = self._probe(lp)
-            if live is False:
+                return
+        if rp is None:
+            self.ready = True
+        elif self._due("readiness", rp, fast=True):
+            ok = self._probe(rp)
+            self.readiness["ok" if ok else "fail"] += 1
+            self.readiness["fail" if ok else "ok"] = 0
+            if ok and self.readiness["ok"] >= (rp.get("successThreshold") or 1):
+                self.ready = True
+            elif not ok and self.readiness["fail"] >= (rp.get("failureThreshold") or 3):
+                self.ready = False
+        if lp is not None and self._due("liveness", lp, fast=False):
+            if self._probe(lp) is False:
                 self.liveness_failures += 1
                 if self.liveness_failures >= (lp.get("failureThreshold") or 3):
-                    log.info("liveness failed for %s/%s: restarting", self.ns, self.name)
+                    log.info("liveness probe failed for %s/%s: restarting", self.ns, self.name)
                     self._kill_process(grace=2)
-                    continue
             else:
                 self.liveness_failures = 0
-            self._patch_status(self.ready, True)
-            self.stop_event.wait(period)
-        self._cleanup()
 
     def _cleanup(self) -> None:
         grace = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), 30.0)
@@ -440,6 +479,7 @@ def main() -> None:
     ap.add_argument("--apiserver-port", required=True, type=int)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     runner = Runner(args.kubeconfig, args.workdir, args.cidr, args.apiserver_port)
     signal.signal(signal.SIGTERM, runner.shutdown)
     runner.run()

@@ -11,10 +11,10 @@ from tests.cluster.localcluster import LocalCluster, default_nodes
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
-    """A running local control plane with 3 GPU nodes and 1 CPU node, shared by the session."""
+    """A running local control plane with 6 GPU nodes and 1 CPU node, shared by the session."""
     if os.environ.get("HICACHE_E2E_KUBECONFIG"):
         pytest.skip("external-cluster mode is handled by tests that take `kube`")
-    c = LocalCluster(tmp_path_factory.mktemp("cluster"), nodes=default_nodes(3, 1))
+    c = LocalCluster(tmp_path_factory.mktemp("cluster"), nodes=default_nodes(6, 1))
     c.start()
     print(f"\nlocal control plane ready in {c.startup_seconds:.1f}s")
     yield c

@@ -47,12 +47,13 @@ class OperatorProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "OperatorProcess":
+        offset = self.log.stat().st_size if self.log.exists() else 0
         f = open(self.log, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "hicache_operator", *self.args, "--metrics-port", "0"],
                                      env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd=REPO)
         f.close()
-        wait_for(lambda: "Initial authentication has finished" in self.log.read_text(errors="replace")
+        wait_for(lambda: "Initial authentication has finished" in self.log.read_text(errors="replace")[offset:]
                  or not self.alive(), timeout=60, what="operator started")
         assert self.alive(), self.tail()
         return self

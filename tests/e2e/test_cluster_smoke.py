@@ -129,7 +129,7 @@ def test_gpu_requests_never_land_on_cpu_nodes(cluster, ns):
                     len([p for p in kget(cluster, "pods", "-n", ns, "-l", "app=sim")["items"]
                          if p.get("status", {}).get("phase") == "Running"]) == 6 else None,
                     what="6 simulated pods Running")
-    assert {p["spec"]["nodeName"] for p in pods} <= {"gpu-0", "gpu-1", "gpu-2"}
+    assert all(p["spec"]["nodeName"].startswith("gpu-") for p in pods), [p["spec"]["nodeName"] for p in pods]
 
     # Nine GPUs fit on no node: the scheduler must leave it Pending with its own reason.
     cluster.kubectl_apply(echo_deployment("toobig", ns, process_backed=False, gpus=9), "-n", ns)

@@ -44,7 +44,10 @@ def test_bundled_and_sglang_share_sglang_flag_names_but_not_engine_only_flags():
         assert args[:4] == ["--host", "$(POD_IP)", "--port", "30000"]
         assert args[args.index("--hicache-ratio") + 1] == "2.0"
         assert args[args.index("--hicache-storage-backend") + 1] == "file"
-        assert args[args.index("--hicache-storage-backend-extra-config") + 1].startswith("@/etc/hicache/storage/")
+    extra = "--hicache-storage-backend-extra-config"
+    assert bundled[bundled.index(extra) + 1].startswith("@/etc/hicache/storage/")
+    # SGLang echoes the flag back from GET /hicache/storage-backend: it must be the JSON itself.
+    assert sglang[sglang.index(extra) + 1] == "{}"
     assert flags.command("sglang") == ["python", "-m", "sglang.launch_server"]
     assert flags.command("bundled") == ["python", "-m", "cache_runtime", "serve"]
 

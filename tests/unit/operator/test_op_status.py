@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from op_helpers import body, gpu_node
 
-from hicache_operator import labels, serving
+from hicache_operator import labels
 from hicache_operator.reconcile import plan
 from hicache_operator.restarts import plan_restarts, resolve_max_unavailable
 from hicache_operator.status import build_status, merge_conditions
 
 
-def pod(i, *, ready=True, restart="r1", storage="s1", backend="file", held=None, terminating=False, gate=None):
+def pod(i, *, ready=True, restart="r1", storage="s1", backend="file", held=False, terminating=False, gate=None):
     ann = {labels.RESTART_HASH: restart, labels.STORAGE_HASH: storage, labels.STORAGE_BACKEND: backend}
-    if held is not None:
-        ann[labels.SERVING_HOLD] = held
+    if held:
+        gate = "False"
     meta = {"name": f"demo-{i}", "annotations": ann}
     if terminating:
         meta["deletionTimestamp"] = "2025-01-01T00:00:00Z"
@@ -42,23 +42,9 @@ def test_restarts_roll_within_budget_highest_ordinal_first():
 
 
 def test_restarts_take_unready_stale_pods_free_and_never_held_ones():
-    pods = [pod(0, restart="old", ready=False), pod(1, restart="old"), pod(2, restart="old", held="swapping")]
+    pods = [pod(0, restart="old", ready=False), pod(1, restart="old"), pod(2, restart="old", held=True)]
     assert plan_restarts(pods, "new", 1, 3) == ["demo-0"]
     assert plan_restarts([pod(0), pod(1)], "r1", 1, 2) == []
-
-
-def test_serving_gate_decision_and_hold_hook():
-    assert serving.decide(pod(0)) == (True, "Serving", "pod is in service")
-    assert serving.decide(pod(0, held="draining for swap"))[:2] == (False, "Held")
-    serving.register_hold(lambda p: "predicate hold" if p["metadata"]["name"] == "demo-7" else None)
-    try:
-        assert serving.decide(pod(7)) == (False, "Held", "predicate hold")
-        assert serving.decide(pod(6))[0] is True
-    finally:
-        serving._HOLDS.clear()
-    patch = serving.condition_patch(False, "Held", "x", "t")
-    assert patch["status"]["conditions"][0]["type"] == "hicache.dev/serving"
-    assert serving.current(pod(0, gate="False")) == "False"
 
 
 def _desired(**spec):

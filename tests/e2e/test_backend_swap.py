@@ -1,0 +1,223 @@
+"""Drain-aware rolling L3 backend swaps on a live fleet, end to end.
+
+Real control plane, real runtime processes (one per pod, at the pod's IP), a real Mooncake
+master, and a load client that routes like a gateway (only to endpoints the EndpointSlices
+mark ready) and retries nothing: every request must succeed through every swap.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import random
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.gateway import Gateway
+from tests.e2e.helpers import OperatorProcess, condition, kget, wait_for
+from tests.support.mooncake import free_port, master_binary, start_master
+
+pytestmark = pytest.mark.e2e
+REPLICAS = 4
+NAME = "swap"
+
+
+@pytest.fixture(scope="module")
+def env(cluster, tmp_path_factory):
+    if not cluster.network.endpoints_work:
+        pytest.skip("needs a private network namespace (run as root)")
+    if master_binary() is None:
+        pytest.skip("mooncake is not installed (scripts/install-mooncake.sh)")
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[2]
+    cluster.kubectl("apply", "--server-side", "-f", str(repo / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev")
+    workdir = tmp_path_factory.mktemp("swap")
+    op = OperatorProcess(cluster, workdir, reconcile_interval=5).start()
+    master = start_master()
+    ns = "swap-e2e"
+    cluster.kubectl("create", "namespace", ns)
+    yield {"cluster": cluster, "op": op, "master": master, "ns": ns, "dir": workdir}
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    op.stop()
+    master.stop()
+
+
+def storage(env, kind: str, **kw) -> dict:
+    if kind == "none":
+        return {"backend": "none"}
+    if kind == "file":
+        return {"backend": "file", "extraConfig": {"storage_dir": str(env["dir"] / "l3-file")}, **kw}
+    master = kw.pop("master", env["master"].address)
+    return {"backend": "mooncake", "mooncake": {"masterAddress": master, "protocol": "tcp",
+                                                "metadataServer": "P2PHANDSHAKE", "globalSegmentSize": 268435456},
+            **kw}
+
+
+def deployment(env, name: str = NAME, replicas: int = REPLICAS, st: dict | None = None) -> dict:
+    return {"apiVersion": "hicache.dev/v1alpha1", "kind": "HiCacheDeployment",
+            "metadata": {"name": name, "namespace": env["ns"]},
+            "spec": {"image": "hicache-runtime:test", "replicas": replicas, "pageSize": 4, "maxTotalTokens": 4096,
+                     "testing": {"processBacked": True},
+                     "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 60},
+                     # page_first from the start: mooncake needs it, and layer_first would be
+                     # normalised to it, a pod-template change that restarts pods (not a live swap)
+                     "hicache": {"memLayout": "page_first", "storage": st or {"backend": "none"}}}}
+
+
+def hcd(env, name: str = NAME) -> dict:
+    return kget(env["cluster"], "hcd", name, "-n", env["ns"])
+
+
+def admin_key(env, name: str = NAME) -> str:
+    sec = kget(env["cluster"], "secret", f"{name}-admin", "-n", env["ns"])
+    return base64.b64decode(sec["data"]["admin-api-key"]).decode()
+
+
+def pods(env, name: str = NAME) -> list[dict]:
+    return kget(env["cluster"], "pods", "-n", env["ns"], "-l", f"app.kubernetes.io/instance={name}")["items"]
+
+
+def reported(env, name: str = NAME) -> dict[str, dict]:
+    key = admin_key(env, name)
+    out = {}
+    for p in pods(env, name):
+        ip = p["status"].get("podIP")
+        r = httpx.get(f"http://{ip}:30000/hicache/storage-backend", headers={"Authorization": f"Bearer {key}"},
+                      timeout=5)
+        out[p["metadata"]["name"]] = r.json()
+    return out
+
+
+def gates(env, name: str = NAME) -> dict[str, str | None]:
+    return {p["metadata"]["name"]: next((c["status"] for c in p["status"].get("conditions", [])
+                                         if c["type"] == "hicache.dev/serving"), None) for p in pods(env, name)}
+
+
+def fleet_ready(env, name: str = NAME, replicas: int = REPLICAS) -> bool:
+    o = hcd(env, name)
+    return o.get("status", {}).get("readyReplicas") == replicas and all(g == "True" for g in gates(env, name).values())
+
+
+def patch_storage(env, st: dict, name: str = NAME) -> None:
+    env["cluster"].kubectl("patch", "hcd", name, "-n", env["ns"], "--type=merge",
+                           "-p", json.dumps({"spec": {"hicache": {"storage": st}}}))
+
+
+def swap_done(env, backend: str, policy: str | None = None, name: str = NAME) -> bool:
+    o = hcd(env, name)
+    bs = o.get("status", {}).get("backendSwap") or {}
+    if bs.get("phase") != "Complete" or bs.get("pods"):
+        return False
+    rep = reported(env, name)
+    want = None if backend == "none" else backend
+    if any(r.get("hicache_storage_backend") != want for r in rep.values()):
+        return False
+    if policy and any(r.get("hicache_storage_prefetch_policy") != policy for r in rep.values()):
+        return False
+    return fleet_ready(env, name)
+
+
+def l3_hit_across_pods(env, name: str = NAME) -> int:
+    """A prompt served by one pod is found in L3 by another (cache hits resume from L3).
+
+    Pod B never saw the prompt, so any host or storage hit on B came through L3: with
+    best_effort the first request may not wait for the prefetch, and the pages it brought
+    into B's host pool show up as host hits on the next request."""
+    ps = sorted(pods(env, name), key=lambda p: p["metadata"]["name"])
+    a, b = ps[0]["status"]["podIP"], ps[1]["status"]["podIP"]
+    prompt = f"shared prefix {random.random()} " + "lorem ipsum dolor sit amet " * 30
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    assert httpx.post(f"http://{a}:30000/generate", json=body, timeout=60).status_code == 200
+
+    def hit():
+        r = httpx.post(f"http://{b}:30000/generate", json=body, timeout=60)
+        tiers = r.json()["meta_info"].get("cached_tokens_details") or {}
+        return tiers.get("storage", 0) + tiers.get("host", 0)
+    return wait_for(hit, timeout=30, interval=1, what="L3 hit on another pod")
+
+
+def test_live_swaps_under_load_with_zero_failed_requests(env):
+    c = env["cluster"]
+    c.kubectl_apply([deployment(env)])
+    wait_for(lambda: fleet_ready(env), timeout=180, what="4 runtime pods ready")
+    gw = Gateway(c.api_client(), env["ns"], NAME, concurrency=3).start()
+    try:
+        wait_for(lambda: len(gw.report.outcomes) > 10, timeout=60, what="load flowing")
+        for st, backend, policy in [
+            (storage(env, "file"), "file", None),
+            (storage(env, "mooncake"), "mooncake", "best_effort"),
+            (storage(env, "mooncake", prefetchPolicy="wait_complete"), "mooncake", "wait_complete"),
+            (storage(env, "none"), "none", None),
+        ]:
+            patch_storage(env, st)
+            wait_for(lambda: swap_done(env, backend, policy), timeout=240, interval=1,
+                     what=f"swap to {backend} {policy or ''} complete")
+            assert not gw.report.failures, gw.report.failures[:3]
+            if backend != "none" and policy != "wait_complete":
+                assert l3_hit_across_pods(env) > 0
+            table = c.kubectl("get", "hcd", NAME, "-n", env["ns"]).stdout
+            assert f"{REPLICAS}/{REPLICAS}" in table, table
+    finally:
+        report = gw.stop()
+    print("load during swaps:", report.summary())
+    assert not report.failures, report.failures[:3]
+    assert len(report.outcomes) > 50
+    assert len({o.endpoint for o in report.outcomes}) == REPLICAS
+    events = kget(c, "events", "-n", env["ns"], "--field-selector", f"involvedObject.name={NAME}")["items"]
+    reasons = {e["reason"] for e in events}
+    assert {"PodDraining", "PodSwapped", "BackendSwapComplete"} <= reasons, reasons
+
+
+def test_operator_sigkilled_mid_swap_resumes_without_stranding_pods(env):
+    c = env["cluster"]
+    c.kubectl_apply([deployment(env)])  # idempotent: the fleet of the previous test (or a new one)
+    patch_storage(env, storage(env, "none"))
+    wait_for(lambda: swap_done(env, "none"), timeout=240, interval=1, what="fleet on none")
+    gw = Gateway(c.api_client(), env["ns"], NAME, concurrency=2).start()
+    rng = random.Random(7)
+    kills = 0
+    try:
+        for st, backend in [(storage(env, "file"), "file"), (storage(env, "none"), "none")]:
+            patch_storage(env, st)
+            for _ in range(4):  # kill it at random points while the swap runs
+                time.sleep(rng.uniform(0.5, 3.0))
+                if swap_done(env, backend):
+                    break
+                env["op"].kill()
+                kills += 1
+                time.sleep(rng.uniform(0.0, 1.0))
+                env["op"].start()
+            wait_for(lambda: swap_done(env, backend), timeout=240, interval=1, what=f"swap to {backend} after kills")
+            assert set(gates(env).values()) == {"True"}, gates(env)
+    finally:
+        report = gw.stop()
+    print(f"operator SIGKILLed {kills} times; load: {report.summary()}")
+    assert kills >= 5
+    assert not report.failures, report.failures[:3]
+
+
+def test_unreachable_mooncake_master_rolls_back_and_stops(env):
+    c = env["cluster"]
+    c.kubectl_apply([deployment(env)])
+    patch_storage(env, storage(env, "file"))
+    wait_for(lambda: swap_done(env, "file"), timeout=240, interval=1, what="fleet on file")
+    gw = Gateway(c.api_client(), env["ns"], NAME, concurrency=2).start()
+    try:
+        dead = f"127.0.0.1:{free_port()}"
+        patch_storage(env, storage(env, "mooncake", master=dead))
+        obj = wait_for(lambda: (lambda o: o if condition(o, "BackendSwapFailed") == "True" else None)(hcd(env)),
+                       timeout=240, interval=1, what="BackendSwapFailed")
+        cond = next(x for x in obj["status"]["conditions"] if x["type"] == "BackendSwapFailed")
+        failed_pod = obj["status"]["backendSwap"].get("failure", {}).get("pod") or ""
+        assert failed_pod and failed_pod in cond["message"], cond
+        wait_for(lambda: fleet_ready(env), timeout=120, what="every pod back in serving")
+        time.sleep(3)  # the rollout stays stopped: no pod is taken out again
+        assert all(r["hicache_storage_backend"] == "file" for r in reported(env).values()), reported(env)
+        assert fleet_ready(env)
+    finally:
+        report = gw.stop()
+    assert not report.failures, report.failures[:3]
+    events = kget(c, "events", "-n", env["ns"], "--field-selector", f"involvedObject.name={NAME}")["items"]
+    assert any(e["type"] == "Warning" and failed_pod in e["message"] for e in events)
