@@ -9,6 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from cache_runtime.sampling import SamplingParams
 
 
+# torch.Generator.manual_seed takes a 64-bit seed, signed or unsigned.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
 class BadRequest(ValueError):
     pass
 
@@ -21,9 +25,43 @@ def parse_json(body: bytes) -> object:
     if not text.strip():
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        return json.loads(text)
+        obj = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
+    _check_strings(obj)
+    return obj
+
+
+def _reject_constant(name: str) -> float:
+    # Python's json accepts NaN and Infinity, which are not JSON and would slip past range checks.
+    raise BadRequest(f"request body is not valid JSON: {name} is not a JSON number")
+
+
+def _check_strings(obj: object) -> None:
+    """Lone UTF-16 surrogate escapes ("\\ud800") decode to strings that cannot be encoded as UTF-8:
+    they would fail later, in tokenizing or in writing the response, so refuse them here."""
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, str):
+            items = (cur,)
+        elif isinstance(cur, dict):
+            items = cur.keys()
+            stack.extend(cur.values())
+        elif isinstance(cur, list):
+            stack.extend(cur)
+            continue
+        else:
+            continue
+        for s in items:
+            if not s.isascii():
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise BadRequest("request body has a string with a lone UTF-16 surrogate escape; "
+                                     "strings must be valid Unicode") from None
 
 
 def validate(model: type[BaseModel], obj: object) -> BaseModel:
@@ -57,7 +95,7 @@ class SamplingParamsIn(_Lenient):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    sampling_seed: int | None = Field(default=None, alias="seed")
+    sampling_seed: int | None = Field(default=None, alias="seed", ge=SEED_MIN, le=SEED_MAX)
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -90,7 +128,7 @@ class CompletionIn(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     echo: bool = False
 
     @field_validator("n")
@@ -115,6 +153,14 @@ class CompletionIn(_Lenient):
 class AttachIn(_Lenient):
     hicache_storage_backend: str
     hicache_storage_backend_extra_config_json: str | None = None
+
+    @field_validator("hicache_storage_backend_extra_config_json")
+    @classmethod
+    def _inline_only(cls, v: str | None) -> str | None:
+        # "@path" is a command-line convenience; over HTTP it would read files of the server's choosing.
+        if v is not None and v.lstrip().startswith("@"):
+            raise ValueError("must be inline JSON; @file is accepted only on the command line")
+        return v
     hicache_storage_prefetch_policy: str | None = None
     hicache_write_policy: str | None = None
 

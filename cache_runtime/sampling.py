@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -21,8 +22,8 @@ class SamplingParams:
     def validate(self, vocab_size: int) -> None:
         if self.max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError("temperature must be a finite number >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k == 0 or self.top_k < -1:
@@ -38,7 +39,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.temperature == 0:
         tok = int(torch.argmax(logprobs))
         return tok, float(logprobs[tok])
-    scores = logits.float() / params.temperature
+    # In float64 (a tiny temperature is 0 in float32) and shifted so the best score is 0: a tiny
+    # temperature then sends the others to -inf instead of every score to inf (softmax NaN).
+    scores = logits.double()
+    scores = (scores - scores.max()) / params.temperature
     if params.top_k > 0:
         kth = torch.topk(scores, min(params.top_k, scores.numel())).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))

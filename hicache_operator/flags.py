@@ -149,7 +149,7 @@ def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_
             # the JSON itself (a path would never compare equal to a swap target); the bundled
             # runtime resolves the mounted ConfigMap and reports the parsed config.
             if engine == "sglang":
-                args += [f.cli, json.dumps(lookup(spec, f.key) or {}, sort_keys=True, separators=(",", ":"))]
+                args += [f.cli, _escape(json.dumps(lookup(spec, f.key) or {}, sort_keys=True, separators=(",", ":")))]
             else:
                 args += [f.cli, f"@{STORAGE_CONFIG_DIR}/{STORAGE_CONFIG_FILE}"]
             continue
@@ -176,4 +176,10 @@ def command(engine: str) -> list[str]:
 def _fmt(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return f"{value:.1f}"
-    return str(value)
+    return _escape(str(value))
+
+
+def _escape(value: str) -> str:
+    """Kubernetes expands `$(VAR)` in args from the container env; a user's value must never
+    reach one (e.g. `$(HICACHE_ADMIN_API_KEY)` in a model name), so `$(` becomes `$$(`."""
+    return value.replace("$(", "$$(")

@@ -7,6 +7,7 @@ Triggers:
   Kubernetes event, so something must look again), never sleeping in a handler.
 - Pod events (pods we manage): a cheap reconcile of the owner (no apply) plus a swap step, so new
   pods are admitted at once and restarts and swaps roll on as pods change.
+- EndpointSlice events (of our Services) while a swap is pending: the next swap step at once.
 - Node events: nodes feed an index (sizing reads it; kopf fills indexes before handlers run),
   and a change that matters for sizing (labels, taints, allocatable, schedulability)
   re-reconciles every HiCacheDeployment, which reports "no longer fits" in Degraded.
@@ -33,7 +34,7 @@ from hicache_operator.spec import GROUP, PLURAL, VERSION
 PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
 INTERVAL_ENV = "HICACHE_RECONCILE_INTERVAL"
 INTERVAL = float(os.environ.get(INTERVAL_ENV, "30"))
-SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "2"))
+SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "1"))
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 
 _state: dict[str, Any] = {"kube": None}
@@ -76,6 +77,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 300
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes, every few seconds
     _kube()
 
 
@@ -188,6 +190,21 @@ def on_pod(body: kopf.Body, namespace: str, node_index: kopf.Index, **_: Any) ->
     owner = ((body.get("metadata") or {}).get("labels") or {}).get(labels.DEPLOYMENT)
     if owner:
         _run(namespace, owner, _nodes(node_index), trigger="pod", apply=False, post_findings=False)
+
+
+@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={labels.MANAGED_BY: labels.MANAGER})
+def on_endpointslice(body: kopf.Body, namespace: str, node_index: kopf.Index, deployment_index: kopf.Index,
+                     **_: Any) -> None:
+    """A swap waits on endpoints (drained, back in serving): look again as soon as they change,
+    rather than at the next poll. Only while a swap is pending, so steady state costs nothing."""
+    owner = ((body.get("metadata") or {}).get("labels") or {}).get(labels.DEPLOYMENT)
+    if owner and (namespace, owner) in set(deployment_index.get(None, [])) and swap.pending(_swap_status(namespace, owner)):
+        _run(namespace, owner, _nodes(node_index), trigger="endpointslice", apply=False, post_findings=False)
+
+
+def _swap_status(namespace: str, name: str) -> dict | None:
+    body = _kube().get_deployment(namespace, name)
+    return (body or {}).get("status")
 
 
 @kopf.on.event("", "v1", "nodes")

@@ -219,9 +219,14 @@ _lock = threading.Lock()
 _backend: Backend | None = None
 
 
+LIBRARY_ENV = "HICACHE_KERNELS_LIBRARY"
+
+
 def load(path: Path | None = None) -> Library:
-    """Build (if needed) and load the library; BuildError / OSError on failure."""
-    return Library(path or build.build())
+    """Load a prebuilt library (argument, else env HICACHE_KERNELS_LIBRARY, as in the runtime
+    image, which has no nvcc), else build it (cached) and load it; BuildError / OSError on failure."""
+    prebuilt = path or (Path(os.environ[LIBRARY_ENV]) if os.environ.get(LIBRARY_ENV) else None)
+    return Library(prebuilt or build.build())
 
 
 def backend() -> Backend:

@@ -74,3 +74,13 @@ def test_only_one_host_pool_flag_and_bool_flags_are_bare():
     assert "--hicache-ratio" not in args
     i = args.index("--enable-cache-report")
     assert i == len(args) - 1 or args[i + 1].startswith("--")
+
+
+def test_user_values_cannot_reference_container_env():
+    spec = _spec(model="org/$(HICACHE_ADMIN_API_KEY)", engine="sglang",
+                 hicache={"storage": {"backend": "file", "extraConfig": {"storage_dir": "/x/$(POD_IP)"}}})
+    args = flags.render_args(spec, "sglang", host_pool=("ratio", 2.0))
+    assert args[args.index("--model-path") + 1] == "org/$$(HICACHE_ADMIN_API_KEY)"
+    assert "$$(POD_IP)" in args[args.index("--hicache-storage-backend-extra-config") + 1]
+    assert args[:2] == ["--host", "$(POD_IP)"]  # ours stay expandable
+    assert args[args.index("--admin-api-key") + 1] == "$(HICACHE_ADMIN_API_KEY)"

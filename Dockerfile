@@ -1,0 +1,92 @@
+# syntax=docker/dockerfile:1
+# Two images from one file; every base is pinned by tag and every final stage runs as a
+# non-root user with no compilers or package managers' build steps in it.
+#
+#   docker build --target runtime  -t hicache-runtime:0.1.0 .   # what GPU pods run (engine: bundled)
+#   docker build --target operator -t hicache-operator:0.1.0 .  # the operator (no torch)
+#
+# Python pins match pyproject.toml's ranges (tests/unit/packaging checks that).
+
+# ---- tools -------------------------------------------------------------------------------
+FROM ghcr.io/astral-sh/uv:0.9.26 AS uv
+
+# ---- runtime: build ------------------------------------------------------------------------
+# CUDA 13 like torch 2.15's wheels; nvcc compiles kernels/transfer.cu here only.
+FROM nvidia/cuda:13.0.1-devel-ubuntu24.04 AS runtime-build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY --from=uv /uv /usr/local/bin/uv
+# A self-contained CPython (python-build-standalone) under /opt/python: the final stage gets
+# it with one COPY, no apt packages.
+ENV UV_PYTHON_INSTALL_DIR=/opt/python \
+    UV_PYTHON_PREFERENCE=only-managed \
+    UV_NO_CACHE=1 \
+    UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy
+RUN uv python install 3.11.14 \
+ && uv venv --python 3.11.14 /opt/venv \
+ && uv pip install --python /opt/venv/bin/python \
+      torch==2.15.0 \
+      numpy==2.4.6 \
+      fastapi==0.165.0 \
+      uvicorn==0.54.0 \
+      prometheus-client==0.26.0 \
+      pydantic==2.14.3 \
+      pyyaml==6.0.3
+WORKDIR /opt/hicache/app
+COPY kernels/ kernels/
+COPY cache_runtime/ cache_runtime/
+# Compile the transfer kernels (static cudart: the .so needs only libc/libstdc++ at load
+# time) and keep them at a fixed path.
+RUN HICACHE_KERNELS_CACHE=/tmp/kernels /opt/venv/bin/python -m kernels build \
+ && install -D -m 0644 /tmp/kernels/*/libhicache_kernels.so /opt/hicache/lib/libhicache_kernels.so \
+ && rm -rf /tmp/kernels \
+ && /opt/venv/bin/python -m compileall -q /opt/hicache/app
+
+# ---- runtime: final ------------------------------------------------------------------------
+FROM nvidia/cuda:13.0.1-runtime-ubuntu24.04 AS runtime
+RUN groupadd --gid 10001 hicache \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin hicache
+COPY --from=runtime-build /opt/python /opt/python
+COPY --from=runtime-build /opt/venv /opt/venv
+COPY --from=runtime-build /opt/hicache /opt/hicache
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONPATH=/opt/hicache/app \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HICACHE_KERNELS_LIBRARY=/opt/hicache/lib/libhicache_kernels.so
+WORKDIR /opt/hicache/app
+USER 10001:10001
+EXPOSE 30000
+# The operator sets the command (`python -m cache_runtime serve ...`); by default, say
+# which transfer backend this machine gets.
+CMD ["python", "-m", "kernels", "info"]
+
+# ---- operator: build -----------------------------------------------------------------------
+FROM python:3.11.14-slim-bookworm AS operator-build
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir \
+      kopf==1.45.2 \
+      kubernetes==37.0.2 \
+      pydantic==2.14.3 \
+      httpx==0.28.1 \
+      prometheus-client==0.26.0 \
+      jinja2==3.1.6 \
+      pyyaml==6.0.3
+WORKDIR /opt/hicache/app
+COPY hicache_operator/ hicache_operator/
+RUN /opt/venv/bin/python -m compileall -q /opt/hicache/app
+
+# ---- operator: final -----------------------------------------------------------------------
+FROM python:3.11.14-slim-bookworm AS operator
+RUN groupadd --gid 10001 hicache \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin hicache
+COPY --from=operator-build /opt/venv /opt/venv
+COPY --from=operator-build /opt/hicache /opt/hicache
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONPATH=/opt/hicache/app \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /opt/hicache/app
+USER 10001:10001
+EXPOSE 8080 8081
+CMD ["python", "-m", "hicache_operator", "--all-namespaces", "--liveness", "http://0.0.0.0:8081/healthz"]

@@ -1,0 +1,310 @@
+"""The Helm chart on a real control plane: install, reconcile a sample, RBAC, upgrade, uninstall.
+
+By default this drives the local control plane (the `cluster` fixture) with
+`processBacked=true`, so the operator pod is a real `python -m hicache_operator`
+process that talks to kube-apiserver with its own ServiceAccount's token: every
+permission it uses must come from the chart's RBAC. With HICACHE_E2E_KUBECONFIG set
+(e.g. a kind cluster from scripts/kind-up.sh, whose images are already loaded) the
+same tests run against that cluster with `kubectl` and `helm` from PATH.
+
+The tests run in file order and share one release: install, reconcile, RBAC
+(cluster-wide), upgrade to namespaced mode, RBAC (namespaced), uninstall.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "hicache-operator"
+SAMPLE = REPO / "manifests" / "samples" / "bundled-minimal.yaml"
+RELEASE = "hc-e2e"
+OP_NS, APP_NS, OTHER_NS = "hc-helm-op", "hc-helm-app", "hc-helm-other"
+FULLNAME = f"{RELEASE}-hicache-operator"
+SELECTOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/name=hicache-operator"
+SA = f"system:serviceaccount:{OP_NS}:{FULLNAME}"
+SAMPLE_NAME = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
+
+
+def wait_for(cond, timeout: float = 90, what: str = "condition", interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class Target:
+    """kubectl and helm against the local control plane or an external kubeconfig."""
+
+    def __init__(self, cluster=None, kubeconfig: str | None = None):
+        self.cluster = cluster
+        self.process_backed = cluster is not None
+        self.pod_ips_reachable = cluster is not None and cluster.network.endpoints_work
+        if cluster is None:
+            self.env = {**os.environ, "KUBECONFIG": kubeconfig}
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        if self.cluster is not None:
+            return self.cluster.kubectl(*args, check=check, input=input)
+        res = subprocess.run(["kubectl", *args], env=self.env, text=True, input=input, capture_output=True,
+                             timeout=120, check=False)
+        if check and res.returncode:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")
+        return res
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess:
+        if self.cluster is not None:
+            return self.cluster.helm(*args)
+        res = subprocess.run(["helm", *args], env=self.env, text=True, capture_output=True, timeout=300, check=False)
+        if res.returncode:
+            raise AssertionError(f"helm {' '.join(args)} failed: {res.stderr.strip()}")
+        return res
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def exists(self, *args: str) -> bool:
+        return self.kubectl("get", *args, check=False).returncode == 0
+
+    def pod_log(self, pod: dict) -> str:
+        """The operator's own output: the process log (local) or the container log."""
+        meta = pod["metadata"]
+        if self.cluster is None:
+            return self.kubectl("logs", "-n", meta["namespace"], meta["name"], check=False).stdout
+        logs = sorted((self.cluster.workdir / "pods").glob(f"{meta['namespace']}_{meta['name']}_*/container.log"))
+        return logs[-1].read_text(errors="replace") if logs else ""
+
+    def can_i(self, verb: str, resource: str, ns: str | None = None, subresource: str | None = None) -> bool:
+        args = ["auth", "can-i", verb, resource, f"--as={SA}"]
+        args += ["-n", ns] if ns else []
+        args += [f"--subresource={subresource}"] if subresource else []
+        res = self.kubectl(*args, check=False)
+        assert res.stdout.strip() in ("yes", "no"), (args, res.stdout, res.stderr)
+        return res.stdout.strip() == "yes"
+
+
+@pytest.fixture(scope="module")
+def target(request: pytest.FixtureRequest):
+    external = os.environ.get("HICACHE_E2E_KUBECONFIG")
+    t = Target(kubeconfig=external) if external else Target(cluster=request.getfixturevalue("cluster"))
+    others = t.get("deployments", "-A", "-l", "app.kubernetes.io/name=hicache-operator")["items"]
+    if others:  # a second operator would reconcile the same objects
+        where = ", ".join(f"{d['metadata']['namespace']}/{d['metadata']['name']}" for d in others)
+        pytest.fail(f"hicache-operator already runs in this cluster ({where}): uninstall it first "
+                    "(scripts/kind-up.sh --no-chart makes a cluster without it)")
+    for ns in (APP_NS, OTHER_NS):
+        if not t.exists("namespace", ns):  # an external cluster may keep them from an earlier run
+            t.kubectl("create", "namespace", ns)
+    yield t
+    t.kubectl("delete", "hcd", SAMPLE_NAME, "-n", APP_NS, "--ignore-not-found", "--wait=true", "--timeout=60s",
+              check=False)
+    if t.kubectl("get", "deployment", FULLNAME, "-n", OP_NS, check=False).returncode == 0:
+        t.helm("uninstall", RELEASE, "-n", OP_NS, "--wait")
+    for ns in (APP_NS, OTHER_NS, OP_NS):
+        t.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+
+
+def operator_pods(t: Target) -> list[dict]:
+    return [p for p in t.get("pods", "-n", OP_NS, "-l", SELECTOR)["items"]
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+def install_values(t: Target) -> list[str]:
+    if not t.process_backed:
+        return []
+    # podrunner runs the liveness probe from the process's first second (it has no
+    # startupProbe), so allow a slow start on a busy machine.
+    return ["--set", "processBacked=true", "--set", "livenessProbe.failureThreshold=30"]
+
+
+def test_install_manifest_passes_server_side_validation(target):
+    """manifests/install.yaml, every object dry-run applied by the API server (schemas, RBAC rules)."""
+    created = not target.exists("namespace", "hicache-system")
+    if created:  # dry-run objects need their namespace to exist
+        target.kubectl("create", "namespace", "hicache-system")
+    try:
+        res = target.kubectl("apply", "--server-side", "--force-conflicts", "--dry-run=server",
+                             "--field-manager=hicache-e2e", "-f", str(REPO / "manifests" / "install.yaml"))
+    finally:
+        if created:
+            target.kubectl("delete", "namespace", "hicache-system", "--wait=false")
+    docs = [d for d in yaml.safe_load_all((REPO / "manifests" / "install.yaml").read_text()) if d]
+    applied = [ln for ln in res.stdout.splitlines() if "serverside-applied (server dry run)" in ln]
+    assert len(applied) == len(docs), res.stdout
+
+
+def test_install_runs_the_operator(target):
+    t0 = time.monotonic()
+    res = target.helm("install", RELEASE, str(CHART), "-n", OP_NS, "--create-namespace", "--wait", "--timeout", "3m",
+                      *install_values(target))
+    print(f"\nhelm install --wait: {time.monotonic() - t0:.1f}s")
+    # NOTES.txt: what to do next, for this release.
+    assert f"installed in namespace {OP_NS}" in res.stdout and "every namespace" in res.stdout, res.stdout
+    assert f"rollout status deployment/{FULLNAME}" in res.stdout and "kubectl get hcd" in res.stdout
+
+    pods = operator_pods(target)
+    assert len(pods) == 1 and ready(pods[0]), pods
+    pod = pods[0]
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "hicache_operator"]
+    assert "--all-namespaces" in container["args"]
+    assert pod["spec"]["serviceAccountName"] == FULLNAME
+    if target.process_backed:
+        assert pod["metadata"]["annotations"]["hicache.dev/process-backed"] == "true"
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["HICACHE_PROCESS_BACKED_PODS"] == "1"
+    # kopf started and ran the operator's startup handler (which loaded its credentials).
+    log = wait_for(lambda: (lg := target.pod_log(pod)) and "Activity 'configure' succeeded" in lg and lg,
+                   what="kopf startup in the operator's log")
+    assert "Initial authentication has finished" in log
+    if target.pod_ips_reachable:  # the liveness endpoint is the real process answering at its pod IP
+        r = httpx.get(f"http://{pod['status']['podIP']}:8081/healthz", timeout=5)
+        assert r.status_code == 200
+
+
+def test_operator_reconciles_the_sample(target):
+    target.kubectl("apply", "-n", APP_NS, "-f", str(SAMPLE))
+    try:
+        hcd = wait_for(lambda: (o := target.get("hcd", SAMPLE_NAME, "-n", APP_NS)).get("status", {}).get("conditions")
+                       and o, what="status.conditions on the sample")
+    except AssertionError as exc:
+        tail = "\n".join(target.pod_log(operator_pods(target)[0]).splitlines()[-40:])
+        raise AssertionError(f"{exc}\n--- operator log (last 40 lines) ---\n{tail}") from None
+    conditions = {c["type"]: c for c in hcd["status"]["conditions"]}
+    assert conditions["ConfigValid"]["status"] == "True", conditions
+    uid = hcd["metadata"]["uid"]
+    for kind, name in (("statefulset", SAMPLE_NAME), ("service", SAMPLE_NAME), ("secret", f"{SAMPLE_NAME}-admin")):
+        child = wait_for(lambda k=kind, n=name: target.exists(k, n, "-n", APP_NS) and target.get(k, n, "-n", APP_NS),
+                         what=f"{kind}/{name}")
+        owners = child["metadata"].get("ownerReferences") or []
+        assert [(o["kind"], o["uid"], o.get("controller")) for o in owners] == [("HiCacheDeployment", uid, True)]
+
+    if target.pod_ips_reachable:  # it was this operator pod that did it
+        ip = operator_pods(target)[0]["status"]["podIP"]
+        text = httpx.get(f"http://{ip}:8080/metrics", timeout=5).text
+        ok = [line for line in text.splitlines()
+              if line.startswith("hicache_operator_reconciles_total{") and 'result="ok"' in line]
+        assert ok and sum(float(line.rsplit(" ", 1)[1]) for line in ok) >= 1, text[:2000]
+    # Every API call so far was allowed: the chart's RBAC covers what this reconcile did.
+    forbidden = [line for line in target.pod_log(operator_pods(target)[0]).splitlines() if "Forbidden" in line]
+    assert not forbidden, forbidden[:5]
+
+
+# What the operator does, from hicache_operator/ and kopf: (verb, resource, subresource).
+NAMESPACED_ALLOWED = [
+    *((v, "hicachedeployments.hicache.dev", None) for v in ("get", "list", "watch", "patch")),
+    ("patch", "hicachedeployments.hicache.dev", "status"),
+    *((v, "statefulsets.apps", None) for v in ("get", "create", "patch")),
+    *((v, r, None) for r in ("services", "configmaps", "poddisruptionbudgets.policy") for v in ("create", "patch")),
+    ("get", "secrets", None), ("create", "secrets", None),
+    *((v, "pods", None) for v in ("list", "watch", "patch", "delete")),
+    ("patch", "pods", "status"),
+    ("list", "endpointslices.discovery.k8s.io", None), ("watch", "endpointslices.discovery.k8s.io", None),
+    ("create", "events", None),
+]
+NAMESPACED_DENIED = [
+    ("delete", "secrets", None), ("list", "secrets", None), ("update", "secrets", None), ("patch", "secrets", None),
+    ("delete", "hicachedeployments.hicache.dev", None), ("update", "hicachedeployments.hicache.dev", None),
+    ("create", "hicachedeployments.hicache.dev", None),
+    ("delete", "statefulsets.apps", None), ("delete", "services", None), ("delete", "configmaps", None),
+    ("get", "configmaps", None), ("create", "pods", None), ("create", "pods", "exec"), ("get", "pods", "log"),
+    ("create", "deployments.apps", None), ("create", "roles.rbac.authorization.k8s.io", None),
+    ("create", "rolebindings.rbac.authorization.k8s.io", None), ("create", "serviceaccounts", "token"),
+    ("patch", "endpointslices.discovery.k8s.io", None), ("get", "services", None),
+]
+CLUSTER_ALLOWED = [("list", "nodes", None), ("watch", "nodes", None),
+                   ("list", "customresourcedefinitions.apiextensions.k8s.io", None),
+                   ("watch", "customresourcedefinitions.apiextensions.k8s.io", None)]
+CLUSTER_DENIED = [
+    ("create", "nodes", None), ("patch", "nodes", None), ("delete", "nodes", None), ("get", "nodes", None),
+    ("patch", "nodes", "status"), ("get", "namespaces", None), ("delete", "namespaces", None),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io", None),
+    ("patch", "customresourcedefinitions.apiextensions.k8s.io", None),
+    ("escalate", "clusterroles.rbac.authorization.k8s.io", None),
+    ("bind", "clusterroles.rbac.authorization.k8s.io", None),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
+    ("impersonate", "serviceaccounts", None), ("create", "certificatesigningrequests.certificates.k8s.io", None),
+]
+
+
+def check_can_i(t: Target, cases, ns: str | None, expect: bool) -> None:
+    cases = list(cases)
+    with ThreadPoolExecutor(max_workers=4) as pool:  # one kubectl process per question
+        answers = list(pool.map(lambda c: t.can_i(c[0], c[1], ns, c[2]), cases))
+    wrong = [c for c, answer in zip(cases, answers) if answer != expect]
+    assert not wrong, f"expected {'allowed' if expect else 'denied'} in {ns or 'cluster scope'}: {wrong}"
+
+
+def test_rbac_cluster_wide(target):
+    check_can_i(target, NAMESPACED_ALLOWED, APP_NS, True)
+    check_can_i(target, NAMESPACED_ALLOWED, OTHER_NS, True)  # all namespaces
+    check_can_i(target, NAMESPACED_DENIED, APP_NS, False)
+    check_can_i(target, CLUSTER_ALLOWED, None, True)
+    check_can_i(target, CLUSTER_DENIED + [("list", "namespaces", None)], None, False)
+
+
+def test_upgrade_to_namespaced_mode_with_debug_logs(target):
+    old = {p["metadata"]["name"] for p in operator_pods(target)}
+    target.helm("upgrade", RELEASE, str(CHART), "-n", OP_NS, "--reuse-values", "--wait", "--timeout", "3m",
+                "--set", "logLevel=debug", "--set", f"watchNamespaces={{{APP_NS}}}", "--set", "reconcileInterval=2")
+    pod = wait_for(lambda: (ps := operator_pods(target)) and len(ps) == 1 and ready(ps[0])
+                   and ps[0]["metadata"]["name"] not in old and ps[0], what="the upgraded operator pod Ready")
+    args = pod["spec"]["containers"][0]["args"]
+    assert "--verbose" in args and f"--namespace={APP_NS}" in args and "--all-namespaces" not in args, args
+    assert "--reconcile-interval=2" in args
+    assert wait_for(lambda: "DEBUG" in target.pod_log(pod), what="debug lines in the operator's log")
+
+    # Still reconciling, now through the Role in APP_NS: a deleted child comes back on the timer.
+    target.kubectl("delete", "service", SAMPLE_NAME, "-n", APP_NS)
+    svc = wait_for(lambda: target.exists("service", SAMPLE_NAME, "-n", APP_NS)
+                   and target.get("service", SAMPLE_NAME, "-n", APP_NS), what="the Service re-applied")
+    assert svc["metadata"]["ownerReferences"][0]["kind"] == "HiCacheDeployment"
+    forbidden = [line for line in target.pod_log(pod).splitlines() if "Forbidden" in line]
+    assert not forbidden, forbidden[:5]
+
+
+def test_rbac_namespaced_mode(target):
+    rules = target.get("clusterrole", f"{OP_NS}-{FULLNAME}")["rules"]
+    assert sorted(r for rule in rules for r in rule["resources"]) == [
+        "customresourcedefinitions", "namespaces", "nodes"], rules
+    check_can_i(target, NAMESPACED_ALLOWED, APP_NS, True)
+    check_can_i(target, NAMESPACED_DENIED, APP_NS, False)
+    # Nothing in a namespace it does not watch, not even reads.
+    check_can_i(target, NAMESPACED_ALLOWED, OTHER_NS, False)
+    check_can_i(target, [("create", "events", None)], OP_NS, True)  # kopf's Events about nodes
+    check_can_i(target, CLUSTER_ALLOWED + [("list", "namespaces", None), ("watch", "namespaces", None)], None, True)
+    check_can_i(target, CLUSTER_DENIED, None, False)
+
+
+def test_uninstall_removes_the_operator(target):
+    # Delete the fleet while the operator still runs, so nothing waits on it afterwards.
+    target.kubectl("delete", "hcd", SAMPLE_NAME, "-n", APP_NS, "--wait=true", "--timeout=90s")
+    target.helm("uninstall", RELEASE, "-n", OP_NS, "--wait", "--timeout", "2m")
+    wait_for(lambda: not operator_pods(target), what="operator pod gone")
+    assert not target.exists("deployment", FULLNAME, "-n", OP_NS)
+    assert not target.exists("serviceaccount", FULLNAME, "-n", OP_NS)
+    assert not target.exists("clusterrole", f"{OP_NS}-{FULLNAME}")
+    assert not target.exists("clusterrolebinding", f"{OP_NS}-{FULLNAME}")
+    assert not target.exists("role", FULLNAME, "-n", APP_NS)
+    assert not target.exists("rolebinding", FULLNAME, "-n", APP_NS)
+    assert not target.can_i("list", "nodes")
+    # Helm leaves CRDs from crds/ in place, so uninstalling never deletes users' fleets.
+    assert target.exists("crd", "hicachedeployments.hicache.dev")
