@@ -117,10 +117,11 @@ def inside() -> int:
     say("multi-turn traffic (gateway-style client: only ready endpoints, no retries)")
     before = traffic(20, "L1+L2")
 
-    say("live backend swap: none -> file, while traffic keeps flowing")
+    say("live backend swap: none -> file (prefetch wait_complete), while traffic keeps flowing")
     l3 = WORKDIR / "l3-file"
     kubectl("patch", "hcd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(
-        {"spec": {"hicache": {"storage": {"backend": "file", "extraConfig": {"storage_dir": str(l3)}}}}}))
+        {"spec": {"hicache": {"storage": {"backend": "file", "prefetchPolicy": "wait_complete",
+                                          "extraConfig": {"storage_dir": str(l3)}}}}}))
     from kubernetes import config
     from tests.e2e.gateway import Gateway
     gw = Gateway(config.new_client_from_config(), NS, NAME, concurrency=3).start()
