@@ -337,7 +337,7 @@ class LocalCluster:
         return res
 
     def api_client(self):
-        from kubernetes import client, config
+        from kubernetes import config
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     def _get(self, path: str) -> int:

@@ -10,23 +10,9 @@ import httpx
 import pytest
 
 from tests.cluster.localcluster import PROCESS_BACKED_ANNOTATION
+from tests.e2e.helpers import kget, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_for(cond, timeout: float = 60, what: str = "condition", interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
-def kget(cluster, *args: str) -> dict:
-    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
 def echo_deployment(name: str, ns: str, *, gpus: int = 1, process_backed: bool = True, replicas: int = 1) -> list[dict]:

@@ -23,6 +23,8 @@ import httpx
 import pytest
 import yaml
 
+from tests.e2e import helpers
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,14 +39,7 @@ SAMPLE_NAME = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
 
 
 def wait_for(cond, timeout: float = 90, what: str = "condition", interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+    return helpers.wait_for(cond, timeout=timeout, what=what, interval=interval)
 
 
 class Target:
