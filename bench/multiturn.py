@@ -1,16 +1,28 @@
 """Multi-turn chat benchmark of the bundled runtime, in the shape of SGLang's bench_multiturn.
 
-Clients hold conversations of ``--rounds`` turns; each turn appends ``--request-length`` new
-tokens to the history and asks for ``--output-length`` tokens. Requests arrive as a Poisson
-process (``--request-rate``) with at most ``--max-parallel`` in flight. The same workload runs
-against a fresh server per configuration, in one run:
+Why this shape: a KV cache pays off when re-reading KV is cheaper than recomputing it, i.e. when
+the time to first token is dominated by prefilling a long shared context. So each of
+``--num-clients`` conversations starts from a system prompt shared by all clients plus a
+per-client document (``--context-length`` tokens, a few thousand in all), then asks
+``--num-rounds`` short questions (``--request-length`` new tokens each) with short answers
+(``--output-length``, default 4, so TTFT is prefill, not decode). Concurrency is low
+(``--max-parallel`` 2) so that server-side queueing does not drown the prefill cost. Each
+client's next turn joins a ready queue when its previous one returns (FIFO, as SGLang's
+default, or random); turns start as a Poisson process (``--request-rate``) with at most
+``--max-parallel`` in flight. The same workload runs against a fresh server per configuration:
 
   no_cache (--disable-radix-cache), l1, l1_l2, l1_l2_l3_file, l1_l2_l3_mooncake
 
-with L1 sized below 30% of the working set (and L2 below the working set, so L3 has work to do).
-It prints TTFT p50/p90, throughput and per-tier hit rates, each also as a ratio to ``l1``.
+with L1 below 30% of the working set. TTFT is measured client-side with streaming (request sent
+-> first token event). Hit rates come from each response's ``cached_tokens_details``.
 
-    python bench/multiturn.py [--json-out out.json]
+Next to the measured hit rate of rounds >= 2 the bench reports offline LRU bounds computed on
+the exact request sequence of that run (send and completion times as observed): an LRU cache of
+radix pages (chained page keys, so a page only counts when its whole prefix is cached), sized
+L1+L2 tokens, and sized L2 alone. HiCache's L2 is inclusive (write_through keeps a copy of every
+L1 page in L2), so L2 alone is the capacity it can actually hold distinct pages in.
+
+    python bench/multiturn.py [--json-out bench/results/multiturn.json]
 """
 
 from __future__ import annotations
@@ -20,46 +32,77 @@ import asyncio
 import json
 import random
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _runtime_proc import Runtime, free_port  # noqa: E402
 
 CONFIGS = ("no_cache", "l1", "l1_l2", "l1_l2_l3_file", "l1_l2_l3_mooncake")
+DIAG_METRICS = ("sglang:evicted_tokens", "sglang:load_back_tokens", "hicache_l2_backup_tokens",
+                "hicache_l2_evicted_tokens", "sglang:prefetched_tokens", "sglang:backuped_tokens")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--num-clients", type=int, default=8)
+    p.add_argument("--model-path", default="builtin:tiny")
+    p.add_argument("--num-clients", type=int, default=10)
     p.add_argument("--num-rounds", type=int, default=4)
-    p.add_argument("--request-length", type=int, default=256, help="new tokens per turn")
-    p.add_argument("--output-length", type=int, default=16)
-    p.add_argument("--max-parallel", type=int, default=4)
-    p.add_argument("--request-rate", type=float, default=8.0, help="Poisson arrivals per second")
-    p.add_argument("--page-size", type=int, default=4)
+    p.add_argument("--system-prompt-length", type=int, default=256, help="tokens shared by every client")
+    p.add_argument("--context-length", type=int, default=2048, help="per-client document in the first turn")
+    p.add_argument("--request-length", type=int, default=64, help="new tokens per turn")
+    p.add_argument("--output-length", type=int, default=4)
+    p.add_argument("--max-parallel", type=int, default=2)
+    p.add_argument("--request-rate", type=float, default=16.0, help="Poisson turn starts per second")
+    p.add_argument("--ready-queue-policy", choices=("fifo", "random"), default="fifo")
+    p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--l1-fraction", type=float, default=0.25, help="L1 size / working set (must stay < 0.3)")
-    p.add_argument("--hicache-ratio", type=float, default=2.0, help="L2 size / L1 size")
+    p.add_argument("--hicache-ratio", type=float, default=4.0, help="L2 size / L1 size")
     p.add_argument("--prefetch-policy", default="timeout")
+    p.add_argument("--cpu-threads", type=int, default=1)
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json-out", default=None)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    for name in a.configs.split(","):
+        if name not in CONFIGS:
+            p.error(f"unknown config {name!r}; choose from {', '.join(CONFIGS)}")
+    for name in ("num_clients", "num_rounds", "context_length", "request_length", "output_length", "max_parallel",
+                 "page_size", "cpu_threads"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.request_rate <= 0 or not 0 < a.l1_fraction < 1 or a.hicache_ratio <= 1:
+        p.error("--request-rate must be > 0, --l1-fraction in (0, 1), --hicache-ratio > 1")
+    return a
 
 
 def working_set(a) -> int:
-    return a.num_clients * a.num_rounds * (a.request_length + a.output_length)
+    """Distinct tokens the workload ever holds in KV."""
+    return a.system_prompt_length + a.num_clients * (a.context_length
+                                                     + a.num_rounds * (a.request_length + a.output_length))
+
+
+def final_request_tokens(a) -> int:
+    return (a.system_prompt_length + a.context_length + a.num_rounds * (a.request_length + a.output_length)
+            + a.page_size)
 
 
 def l1_tokens(a) -> int:
-    final_ctx = a.num_rounds * (a.request_length + a.output_length) + a.output_length + 2 * a.page_size
-    return max(int(a.l1_fraction * working_set(a)), final_ctx)
+    # a running request reserves prompt + output in L1, so L1 must at least hold the largest one
+    return max(int(a.l1_fraction * working_set(a)), final_request_tokens(a))
+
+
+def l2_tokens(a) -> int:
+    return int(l1_tokens(a) * a.hicache_ratio)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -69,7 +112,69 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-async def one_request(client: httpx.AsyncClient, ids: list[int], out_len: int) -> dict:
+# ----------------------------------------------------------------------------- offline LRU bound
+def _page_keys(tokens: list[int], page_size: int) -> list[int]:
+    """Chained keys of whole pages: page i's key stands for the entire prefix up to it, as in a radix tree."""
+    keys, prior = [], 0
+    for i in range(0, len(tokens) - len(tokens) % page_size, page_size):
+        prior = hash((prior, tuple(tokens[i : i + page_size])))
+        keys.append(prior)
+    return keys
+
+
+def lru_hits(requests: list[dict], capacity_tokens: int, page_size: int) -> list[int]:
+    """Cached prompt tokens each request would get from an LRU page cache of ``capacity_tokens``.
+
+    Replays the run as observed: a request looks up its cache key when it is sent, and its KV
+    (prompt + output except the last token, which is never fed back) is inserted when it returns.
+    The key excludes the last prompt token, as the engine's does (its logits start generation).
+    Pages are touched deepest first so that LRU evicts the tail of a prefix before its head.
+    """
+    cap = capacity_tokens // page_size
+    cache: OrderedDict[int, None] = OrderedDict()
+    events = []
+    for i, r in enumerate(requests):
+        events.append((r["t_send"], 0, i))
+        events.append((r["t_done"], 1, i))
+    hits = [0] * len(requests)
+
+    def touch(keys: list[int]) -> None:
+        for k in reversed(keys):
+            cache[k] = None
+            cache.move_to_end(k)
+        while len(cache) > cap:
+            cache.popitem(last=False)
+
+    for _, kind, i in sorted(events):
+        r = requests[i]
+        if kind == 0:
+            ids = r["input_ids"]
+            keys = _page_keys(ids[: len(ids) - 1], page_size)
+            n = 0
+            while n < len(keys) and keys[n] in cache:
+                n += 1
+            touch(keys[:n])
+            hits[i] = n * page_size
+        else:
+            kv = r["input_ids"] + r["output_ids"]
+            touch(_page_keys(kv[: len(r["input_ids"]) + max(len(r["output_ids"]) - 1, 0)], page_size))
+    return hits
+
+
+# ----------------------------------------------------------------------------- workload
+def build_prompts(a) -> tuple[list[int], list[list[int]], list[list[list[int]]]]:
+    rng = random.Random(a.seed)
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(256) for _ in range(n)]
+
+    system = toks(a.system_prompt_length)
+    docs = [toks(a.context_length) for _ in range(a.num_clients)]
+    questions = [[toks(a.request_length) for _ in range(a.num_rounds)] for _ in range(a.num_clients)]
+    return system, docs, questions
+
+
+async def one_request(client: httpx.AsyncClient, ids: list[int], out_len: int, t0: float) -> dict:
     start = time.perf_counter()
     ttft, last = None, None
     body = {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": out_len, "ignore_eos": True}}
@@ -85,67 +190,108 @@ async def one_request(client: httpx.AsyncClient, ids: list[int], out_len: int) -
             if ttft is None and ev.get("output_ids"):
                 ttft = time.perf_counter() - start
             last = ev
-    return {"ttft": ttft, "latency": time.perf_counter() - start, "output_ids": last["output_ids"],
-            "meta": last["meta_info"]}
+    end = time.perf_counter()
+    return {"ttft": ttft, "latency": end - start, "t_send": start - t0, "t_done": end - t0,
+            "output_ids": last["output_ids"], "meta": last["meta_info"]}
 
 
-async def run_workload(url: str, a) -> dict:
-    rng = random.Random(a.seed)
-    questions = [[[rng.randrange(256) for _ in range(a.request_length)] for _ in range(a.num_rounds)]
-                 for _ in range(a.num_clients)]
-    history = [[] for _ in range(a.num_clients)]
+async def run_workload(url: str, a) -> tuple[list[dict], list[str], float]:
+    system, docs, questions = build_prompts(a)
+    history = [system + docs[c] for c in range(a.num_clients)]
     done_rounds = [0] * a.num_clients
     arrivals = random.Random(a.seed + 1)
-    ready: asyncio.Queue = asyncio.Queue()
-    for c in range(a.num_clients):
-        ready.put_nowait(c)
+    order = random.Random(a.seed + 2)
+    ready: list[int] = list(range(a.num_clients))
+    ready_event = asyncio.Event()
+    ready_event.set()
     sem = asyncio.Semaphore(a.max_parallel)
     results: list[dict] = []
     errors: list[str] = []
     total = a.num_clients * a.num_rounds
 
     async with httpx.AsyncClient(base_url=url, timeout=600, trust_env=False) as client:
+        t0 = time.perf_counter()
+
         async def turn(c: int) -> None:
+            rnd = done_rounds[c]
             try:
-                ids = history[c] + questions[c][done_rounds[c]]
-                res = await one_request(client, ids, a.output_length)
+                ids = history[c] + questions[c][rnd]
+                res = await one_request(client, ids, a.output_length, t0)
                 history[c] = ids + res["output_ids"]
-                results.append(res)
+                results.append({**res, "client": c, "round": rnd + 1, "input_ids": ids})
             except Exception as exc:  # counted and reported, the run goes on
                 errors.append(f"{type(exc).__name__}: {exc}")
             finally:
                 sem.release()
                 done_rounds[c] += 1
                 if done_rounds[c] < a.num_rounds:
-                    ready.put_nowait(c)
+                    ready.append(c)
+                    ready_event.set()
 
-        start = time.perf_counter()
         tasks = []
         for _ in range(total):
-            c = await ready.get()
+            while not ready:
+                ready_event.clear()
+                await ready_event.wait()
+            c = ready.pop(order.randrange(len(ready)) if a.ready_queue_policy == "random" else 0)
             await asyncio.sleep(arrivals.expovariate(a.request_rate))
             await sem.acquire()
             tasks.append(asyncio.create_task(turn(c)))
         await asyncio.gather(*tasks)
-        wall = time.perf_counter() - start
+        wall = time.perf_counter() - t0
+    return results, errors, wall
 
+
+def summarise(results: list[dict], errors: list[str], wall: float, a, bounds: dict[str, int]) -> dict:
+    def hit(rs, tier=None) -> float:
+        prompt = sum(r["meta"]["prompt_tokens"] for r in rs)
+        if not prompt:
+            return float("nan")
+        d = (lambda r: r["meta"]["cached_tokens_details"][tier]) if tier else (lambda r: r["meta"]["cached_tokens"])
+        return sum(d(r) for r in rs) / prompt
+
+    later = [r for r in results if r["round"] >= 2]
     ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
-    prompt = sum(r["meta"]["prompt_tokens"] for r in results) or 1
-    tiers = {t: sum(r["meta"]["cached_tokens_details"][t] for r in results) / prompt
-             for t in ("device", "host", "storage")}
-    out_tokens = sum(r["meta"]["completion_tokens"] for r in results)
-    return {
+    ttfts_later = [r["ttft"] for r in later if r["ttft"] is not None]
+    prompt_later = sum(r["meta"]["prompt_tokens"] for r in later) or 1
+    out = {
         "requests": len(results), "errors": len(errors), "error_samples": errors[:3],
         "ttft_p50_s": percentile(ttfts, 0.5), "ttft_p90_s": percentile(ttfts, 0.9),
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
+        "ttft_p50_rounds2plus_s": percentile(ttfts_later, 0.5),
         "latency_mean_s": statistics.fmean(r["latency"] for r in results) if results else float("nan"),
-        "throughput_tok_s": out_tokens / wall, "throughput_req_s": len(results) / wall,
-        "input_throughput_tok_s": prompt / wall,
-        "hit_rate": sum(tiers.values()), "hit_rate_device": tiers["device"], "hit_rate_host": tiers["host"],
-        "hit_rate_storage": tiers["storage"], "wall_s": wall,
+        "throughput_tok_s": sum(r["meta"]["completion_tokens"] for r in results) / wall,
+        "throughput_req_s": len(results) / wall,
+        "input_throughput_tok_s": sum(r["meta"]["prompt_tokens"] for r in results) / wall,
+        "hit_rate": hit(results), "hit_rate_device": hit(results, "device"), "hit_rate_host": hit(results, "host"),
+        "hit_rate_storage": hit(results, "storage"),
+        "hit_rate_rounds2plus": hit(later),
+        "per_round": {rnd: {"hit_rate": hit([r for r in results if r["round"] == rnd]),
+                            "ttft_p50_s": percentile([r["ttft"] for r in results
+                                                      if r["round"] == rnd and r["ttft"] is not None], 0.5)}
+                      for rnd in range(1, a.num_rounds + 1)},
+        "wall_s": wall,
     }
+    if later:
+        order = sorted(range(len(results)), key=lambda i: results[i]["t_send"])
+        replay = [results[i] for i in order]
+        for name, cap in bounds.items():
+            hits = lru_hits(replay, cap, a.page_size)
+            out[f"lru_bound_{name}_rounds2plus"] = sum(h for h, r in zip(hits, replay) if r["round"] >= 2) / prompt_later
+    return out
 
 
+def scrape(url: str) -> dict:
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    found = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.removesuffix("_total") in DIAG_METRICS and not s.name.endswith("_created"):
+                found[s.name.removesuffix("_total")] = s.value
+    return found
+
+
+# ----------------------------------------------------------------------------- servers
 def start_mooncake_master(workdir: Path):
     """A loopback mooncake_master from the pip wheel, or (None, reason) when Mooncake is not installed."""
     try:
@@ -161,8 +307,6 @@ def start_mooncake_master(workdir: Path):
                              "--enable_http_metadata_server=true", f"--http_metadata_server_port={http}",
                              "--metrics_host=127.0.0.1", f"--metrics_port={metrics}"],
                             stdout=log, stderr=subprocess.STDOUT)
-    import socket
-
     for _ in range(100):
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", rpc)) == 0:
@@ -173,8 +317,8 @@ def start_mooncake_master(workdir: Path):
 
 
 def server_flags(name: str, a, workdir: Path, mooncake_rpc: int | None) -> tuple[list[str], dict]:
-    flags = ["--page-size", str(a.page_size), "--max-total-tokens", str(l1_tokens(a)),
-             "--max-running-requests", str(a.max_parallel)]
+    flags = ["--model-path", a.model_path, "--page-size", str(a.page_size), "--max-total-tokens", str(l1_tokens(a)),
+             "--max-running-requests", str(a.max_parallel), "--cpu-threads", str(a.cpu_threads)]
     env: dict = {}
     if name == "no_cache":
         return flags + ["--disable-radix-cache"], env
@@ -199,21 +343,69 @@ def server_flags(name: str, a, workdir: Path, mooncake_rpc: int | None) -> tuple
     return flags, env
 
 
+def capacity_bounds(name: str, a) -> dict[str, int]:
+    l1, l2 = l1_tokens(a), l2_tokens(a)
+    if name == "no_cache":
+        return {}
+    if name == "l1":
+        return {"l1": l1}
+    bounds = {"l1_plus_l2": l1 + l2, "l2": l2}
+    if name.startswith("l1_l2_l3"):
+        bounds["unbounded"] = 1 << 40
+    return bounds
+
+
+# ----------------------------------------------------------------------------- report
+COLS = ("ttft_p50_s", "ttft_p90_s", "throughput_tok_s", "hit_rate", "hit_rate_device", "hit_rate_host",
+        "hit_rate_storage")
+
+
+def _fmt(v) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else ("-" if v is None else str(v))
+
+
+def print_tables(results: dict[str, dict]) -> None:
+    print(f"\n{'config':<20}" + "".join(f"{c:>18}" for c in COLS) + f"{'errors':>8}")
+    for name, r in results.items():
+        print(f"{name:<20}" + "".join(f"{_fmt(r[c]):>18}" for c in COLS) + f"{r['errors']:>8}")
+    if "l1" in results:
+        print(f"\n{'ratio to l1':<20}" + "".join(f"{c:>18}" for c in COLS))
+        for name, r in results.items():
+            print(f"{name:<20}" + "".join(f"{_fmt(r['ratio_to_l1'][c]):>18}" for c in COLS))
+    print(f"\n{'rounds >= 2':<20}{'ttft_p50_s':>14}{'hit_rate':>12}  offline LRU bounds (same request sequence)")
+    for name, r in results.items():
+        bounds = "  ".join(f"{k.removeprefix('lru_bound_').removesuffix('_rounds2plus')}={v:.4f}"
+                           for k, v in r.items() if k.startswith("lru_bound_"))
+        print(f"{name:<20}{_fmt(r['ttft_p50_rounds2plus_s']):>14}{_fmt(r['hit_rate_rounds2plus']):>12}  {bounds}")
+
+
+def goals(results: dict[str, dict]) -> dict:
+    base, hier = results.get("l1"), results.get("l1_l2")
+    if not base or not hier:
+        return {}
+    bound = hier.get("lru_bound_l1_plus_l2_rounds2plus")
+    return {
+        "l1_l2_ttft_p50_ratio_to_l1": hier["ratio_to_l1"]["ttft_p50_s"],
+        "ttft_goal_met": hier["ttft_p50_s"] <= 0.5 * base["ttft_p50_s"],
+        "l1_l2_hit_rate_rounds2plus": hier["hit_rate_rounds2plus"],
+        "lru_bound_l1_plus_l2_rounds2plus": bound,
+        "hit_rate_goal_met": bound is not None and hier["hit_rate_rounds2plus"] >= bound - 0.02,
+    }
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
-    ws, l1 = working_set(a), l1_tokens(a)
-    print(f"working set {ws} tokens; L1 {l1} tokens ({l1 / ws:.0%}); L2 {int(l1 * a.hicache_ratio)} tokens "
-          f"({l1 * a.hicache_ratio / ws:.0%}); {a.num_clients} clients x {a.num_rounds} rounds")
+    ws, l1, l2 = working_set(a), l1_tokens(a), l2_tokens(a)
+    print(f"working set {ws} tokens; L1 {l1} tokens ({l1 / ws:.0%}); L2 {l2} tokens ({l2 / ws:.0%}); "
+          f"{a.num_clients} clients x {a.num_rounds} rounds; model {a.model_path}")
     if l1 / ws >= 0.3:
-        print("warning: L1 is not below 30% of the working set; raise --num-clients/--num-rounds")
+        print("warning: L1 is not below 30% of the working set; raise --num-clients/--context-length")
     results: dict[str, dict] = {}
     skipped: dict[str, str] = {}
     workdir = Path(tempfile.mkdtemp(prefix="bench-multiturn-"))
     mooncake = None
     try:
         for name in a.configs.split(","):
-            if name not in CONFIGS:
-                raise SystemExit(f"unknown config {name!r}; choose from {CONFIGS}")
             rpc = None
             if name == "l1_l2_l3_mooncake":
                 mooncake, reason = start_mooncake_master(workdir)
@@ -227,7 +419,11 @@ def main(argv=None) -> int:
             try:
                 httpx.post(server.url + "/flush_cache", timeout=30, trust_env=False)
                 print(f"[{name}] running ...", flush=True)
-                results[name] = asyncio.run(run_workload(server.url, a))
+                reqs, errors, wall = asyncio.run(run_workload(server.url, a))
+                results[name] = summarise(reqs, errors, wall, a, capacity_bounds(name, a))
+                results[name]["server_counters"] = scrape(server.url)
+                print(f"[{name}] {wall:.1f} s, ttft p50 {results[name]['ttft_p50_s']:.3f} s, "
+                      f"hit rate {results[name]['hit_rate']:.3f}", flush=True)
             finally:
                 server.stop()
     finally:
@@ -235,21 +431,20 @@ def main(argv=None) -> int:
             mooncake[0].terminate()
             mooncake[0].wait(timeout=10)
     base = results.get("l1")
-    cols = ("ttft_p50_s", "ttft_p90_s", "throughput_tok_s", "hit_rate", "hit_rate_device", "hit_rate_host",
-            "hit_rate_storage")
-    print(f"\n{'config':<20}" + "".join(f"{c:>18}" for c in cols) + f"{'errors':>8}")
-    for name, r in results.items():
-        print(f"{name:<20}" + "".join(f"{r[c]:>18.4f}" for c in cols) + f"{r['errors']:>8}")
-        if base:
-            r["ratio_to_l1"] = {c: (r[c] / base[c] if base[c] else None) for c in cols}
     if base:
-        print(f"\n{'ratio to l1':<20}" + "".join(f"{c:>18}" for c in cols))
-        for name, r in results.items():
-            print(f"{name:<20}" + "".join(f"{(v if v is not None else float('nan')):>18.3f}"
-                                          for v in r["ratio_to_l1"].values()))
-    report = {"params": vars(a), "working_set_tokens": ws, "l1_tokens": l1,
-              "l2_tokens": int(l1 * a.hicache_ratio), "results": results, "skipped": skipped}
+        for r in results.values():
+            r["ratio_to_l1"] = {c: (r[c] / base[c] if base[c] else None) for c in COLS}
+    print_tables(results)
+    verdict = goals(results)
+    if verdict:
+        print(f"\ngoals: L1+L2 TTFT p50 = {verdict['l1_l2_ttft_p50_ratio_to_l1']:.3f} x L1-only "
+              f"(<= 0.5: {verdict['ttft_goal_met']}); L1+L2 hit rate rounds >= 2 "
+              f"{verdict['l1_l2_hit_rate_rounds2plus']:.4f} vs LRU(L1+L2) bound "
+              f"{verdict['lru_bound_l1_plus_l2_rounds2plus']:.4f} (within 2 points: {verdict['hit_rate_goal_met']})")
+    report = {"params": vars(a), "working_set_tokens": ws, "l1_tokens": l1, "l2_tokens": l2,
+              "results": results, "goals": verdict, "skipped": skipped}
     if a.json_out:
+        Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json_out).write_text(json.dumps(report, indent=2))
         print(f"\nwrote {a.json_out}")
     shutil.rmtree(workdir, ignore_errors=True)

@@ -10,6 +10,7 @@ exception: it is created once and never applied again, so the key is never rotat
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes import client, config
@@ -19,6 +20,12 @@ from hicache_operator import labels
 from hicache_operator.spec import GROUP, PLURAL, VERSION
 
 FIELD_MANAGER = "hicache-operator"
+_APPLY_PATHS = {
+    "StatefulSet": "/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}",
+    "Service": "/api/v1/namespaces/{namespace}/services/{name}",
+    "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
+    "PodDisruptionBudget": "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}",
+}
 _APPLY = "application/apply-patch+yaml"
 
 
@@ -43,18 +50,24 @@ class Kube:
         return self.api.sanitize_for_serialization(obj)
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply of one rendered child (created if absent); returns the live object."""
+        """Server-side apply of one rendered child (created if absent); returns the live object.
+
+        The body is sent as UTF-8 JSON text: the client's own serialisation escapes characters
+        beyond U+FFFF as surrogate pairs, which the API server's YAML decoder (apply patches are
+        YAML) refuses, so a model name with an emoji would be retried forever."""
         kind, name, ns = obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"]
-        kw = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": _APPLY}
         if kind == "Secret":
             return self.create_secret(obj)
-        fn = {
-            "StatefulSet": self.apps.patch_namespaced_stateful_set,
-            "Service": self.core.patch_namespaced_service,
-            "ConfigMap": self.core.patch_namespaced_config_map,
-            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
-        }[kind]
-        return self.to_dict(fn(name, ns, obj, **kw))
+        method, url, headers, body, post = self.api.param_serialize(
+            method="PATCH", resource_path=_APPLY_PATHS[kind], path_params={"namespace": ns, "name": name},
+            query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            header_params={"Content-Type": _APPLY, "Accept": "application/json"},
+            body=json.dumps(obj, ensure_ascii=False).encode(), auth_settings=["BearerToken"])
+        resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post)
+        resp.read()
+        if not 200 <= resp.status < 300:
+            raise ApiException(http_resp=resp)
+        return json.loads(resp.data)
 
     def create_secret(self, obj: dict[str, Any]) -> dict[str, Any]:
         try:

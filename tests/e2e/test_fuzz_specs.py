@@ -47,7 +47,7 @@ def test_fuzzed_specs_are_refused_or_render_children_the_api_server_accepts(clus
     ns = _namespace(cluster, "fuzz-specs-a")
     tally = Tally()
     try:
-        run_fuzz(Checker(api, ns, nodes), CI_EXAMPLES, tally, bmp_only=True)  # see the next test
+        run_fuzz(Checker(api, ns, nodes), CI_EXAMPLES, tally, bmp_only=True)  # astral characters: the next test
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     summary = tally.summary()
@@ -59,10 +59,6 @@ def test_fuzzed_specs_are_refused_or_render_children_the_api_server_accepts(clus
     assert summary["rejected_by_cel"] + summary["rejected_by_schema"] + summary["rejected_by_validation"] > 0, summary
 
 
-@pytest.mark.xfail(strict=True, reason="Kube.apply hands the client a dict, which json.dumps with \\ud83d-style "
-                   "surrogate escapes; the API server parses apply-patch+yaml as YAML, which refuses them. Fix in "
-                   "kube.py: serialise with ensure_ascii=False and send the string through "
-                   "api_client.param_serialize/call_api")
 def test_operator_apply_carries_characters_beyond_the_bmp(cluster, api):
     ns = _namespace(cluster, "fuzz-specs-bmp")
     try:
