@@ -78,6 +78,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes, every few seconds
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # runtime GETs on every swap step
     _kube()
 
 

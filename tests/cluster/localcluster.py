@@ -257,7 +257,8 @@ class LocalCluster:
             sys.executable, "-m", "tests.cluster.podrunner", f"--kubeconfig={self.kubeconfig}",
             f"--workdir={self.workdir / 'pods'}", f"--cidr={self.network.runner_cidr}",
             f"--apiserver-port={self.ports['apiserver']}"],
-            env={**self.env(), "PYTHONPATH": str(REPO)})
+            # the sglang shim: `python -m sglang.launch_server` runs our runtime in SGLang mode
+            env={**self.env(), "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'cluster' / 'sglang_shim'}"})
 
     def _write_state(self) -> None:
         (self.workdir / "cluster.json").write_text(json.dumps({

@@ -95,9 +95,10 @@ def gates(env, name: str = NAME) -> dict[str, str | None]:
                                          if c["type"] == "hicache.dev/serving"), None) for p in pods(env, name)}
 
 
-def fleet_ready(env, name: str = NAME, replicas: int = REPLICAS) -> bool:
+def fleet_ready(env, name: str = NAME) -> bool:
     o = hcd(env, name)
-    return o.get("status", {}).get("readyReplicas") == replicas and all(g == "True" for g in gates(env, name).values())
+    return o.get("status", {}).get("readyReplicas") == o["spec"]["replicas"] and \
+        all(g == "True" for g in gates(env, name).values())
 
 
 def patch_storage(env, st: dict, name: str = NAME) -> None:
@@ -221,3 +222,30 @@ def test_unreachable_mooncake_master_rolls_back_and_stops(env):
     assert not report.failures, report.failures[:3]
     events = kget(c, "events", "-n", env["ns"], "--field-selector", f"involvedObject.name={NAME}")["items"]
     assert any(e["type"] == "Warning" and failed_pod in e["message"] for e in events)
+
+
+def test_sglang_engine_swap_through_sglang_api_only(env):
+    """engine: sglang pods run `python -m sglang.launch_server` (in the local cluster: the bundled
+    runtime in SGLang-compatibility mode, which has no drain switch and no /ready), so the swap
+    must work through SGLang's own routes, auth header and metrics alone."""
+    c, name = env["cluster"], "sgl"
+    doc = deployment(env, name=name, replicas=2)
+    doc["spec"].update(engine="sglang", model="test-org/tiny-sglang",
+                       modelShape={"numLayers": 4, "numKvHeads": 4, "headDim": 32, "dtypeBytes": 4})
+    c.kubectl_apply([doc])
+    wait_for(lambda: fleet_ready(env, name), timeout=240, what="sglang-engine pods ready")
+    pod = pods(env, name)[0]
+    assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "sglang.launch_server"]
+    ip = pod["status"]["podIP"]
+    assert httpx.get(f"http://{ip}:30000/ready", timeout=5).status_code == 404  # SGLang has no such route
+    gw = Gateway(c.api_client(), env["ns"], name, concurrency=2).start()
+    try:
+        for st, backend in [(storage(env, "file"), "file"), (storage(env, "none"), "none")]:
+            patch_storage(env, st, name=name)
+            wait_for(lambda: swap_done(env, backend, name=name), timeout=240, interval=1,
+                     what=f"sglang-engine swap to {backend}")
+    finally:
+        report = gw.stop()
+    assert not report.failures, report.failures[:3]
+    assert len(report.outcomes) > 20
+    c.kubectl("delete", "hcd", name, "-n", env["ns"])
