@@ -13,8 +13,14 @@ default, or random); turns start as a Poisson process (``--request-rate``) with 
 
   no_cache (--disable-radix-cache), l1, l1_l2, l1_l2_l3_file, l1_l2_l3_mooncake
 
-with L1 below 30% of the working set. TTFT is measured client-side with streaming (request sent
--> first token event). Hit rates come from each response's ``cached_tokens_details``.
+with L1 below 30% of the working set. By default L2 (``--hicache-ratio`` 4) holds the whole working
+set, which isolates how well L1+L2 keeps what fits; L3 then adds no hits, only its backup cost.
+``--hicache-ratio 2 --ready-queue-policy random`` makes L2 too small, so L3 hits show. Every
+config runs ``--repeats`` times (new prompts each time, so L3 contents of one repeat never help
+the next; L1+L2 flushed before each), interleaved, and the tables show medians.
+
+TTFT is measured client-side with streaming (request sent -> first token event). Hit rates
+come from each response's ``cached_tokens_details``.
 
 Next to the measured hit rate of rounds >= 2 the bench reports offline LRU bounds computed on
 the exact request sequence of that run (send and completion times as observed): an LRU cache of
