@@ -250,3 +250,28 @@ def test_scale_edit_and_delete_converge(cluster, operator, ns):
     cluster.kubectl("delete", "hcd/conv", "-n", ns)
     wait_for(lambda: not owned_children(cluster, ns, uid) and not pods_of(cluster, ns, "conv"),
              timeout=90, what="children garbage-collected")
+
+
+def test_node_shrinking_after_sizing_reports_no_longer_fits(cluster, operator, ns):
+    """Sizing is pinned (no restarts), but a fleet that no longer fits its nodes is reported."""
+    doc = load(SAMPLES / "bundled-minimal.yaml")
+    doc["metadata"]["name"] = "shrink"
+    doc["spec"]["hicache"] = {"hostPool": {"fromNodeMemory": {"fraction": 0.5, "reserveGiB": 8}}}
+    doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-3"}
+    apply(cluster, doc, ns)
+    obj = wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("sizing") else None)(hcd(cluster, ns, "shrink")),
+                   what="sizing in status")
+    assert obj["status"]["sizing"]["smallestNode"] == "gpu-3"
+    node = kget(cluster, "node", "gpu-3")
+    before = node["status"]["allocatable"]["memory"]
+    try:
+        cluster.kubectl("patch", "node", "gpu-3", "--subresource=status", "--type=merge", "-p",
+                        json.dumps({"status": {"allocatable": {"memory": "64Gi"}, "capacity": {"memory": "64Gi"}}}))
+        obj = wait_for(lambda: (lambda o: o if condition(o, "Degraded") == "True" else None)(hcd(cluster, ns, "shrink")),
+                       timeout=90, what="Degraded after the node shrank")
+        cond = next(c for c in obj["status"]["conditions"] if c["type"] == "Degraded")
+        assert cond["reason"] == "SizingNoLongerFits", cond
+        assert obj["status"]["sizing"]["smallestNode"] == "gpu-3"  # pinned: no resize, no restart
+    finally:
+        cluster.kubectl("patch", "node", "gpu-3", "--subresource=status", "--type=merge", "-p",
+                        json.dumps({"status": {"allocatable": {"memory": before}, "capacity": {"memory": before}}}))
