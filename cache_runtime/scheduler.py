@@ -138,11 +138,12 @@ class Engine:
         self.on_first_token: Callable[[float], None] | None = None  # metrics hooks, called on the engine thread
         self.on_finish: Callable[[Request], None] | None = None
         self._inbox: collections.deque[Request] = collections.deque()
-        self._aborts: collections.deque[str] = collections.deque()
+        # Requests, not rids: a client-chosen rid need not be unique, and one client's disconnect
+        # must never abort another's request.
+        self._aborts: collections.deque[Request] = collections.deque()
         self._commands: collections.deque = collections.deque()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self._by_rid: dict[str, Request] = {}
         self.draining = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -215,8 +216,8 @@ class Engine:
         self._inbox.append(req)
         self._wake.set()
 
-    def abort(self, rid: str) -> None:
-        self._aborts.append(rid)
+    def abort(self, req: "Request") -> None:
+        self._aborts.append(req)
         self._wake.set()
 
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
@@ -264,14 +265,11 @@ class Engine:
                     fut.set_exception(exc)
         while self._inbox:
             req = self._inbox.popleft()
-            self._by_rid[req.rid] = req
             if self.cache.host is not None:
                 req.prefetch_op = self.cache.maybe_prefetch(self._cache_key(req.input_ids))
             self.waiting.append(req)
         while self._aborts:
-            req = self._by_rid.get(self._aborts.popleft())
-            if req is not None:
-                req.aborted = True
+            self._aborts.popleft().aborted = True
         self.cache.poll()
         self._admit()
         return self._step()
@@ -417,7 +415,6 @@ class Engine:
 
     def _emit_final(self, req: Request, reason: dict | None, error: str | None = None) -> None:
         req.finished = True
-        self._by_rid.pop(req.rid, None)
         if error is None:
             self.stats.requests_finished += 1
         else:

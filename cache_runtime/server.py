@@ -96,7 +96,7 @@ class Server:
                 if out.finished:
                     return out
         except asyncio.CancelledError:
-            self.engine.abort(req.rid)
+            self.engine.abort(req)
             raise
 
     def _meta(self, out: Output, return_logprob: bool) -> dict:
@@ -254,7 +254,7 @@ class Server:
             yield _SSE_DONE
         finally:
             if not finished:
-                self.engine.abort(req.rid)
+                self.engine.abort(req)
 
     async def _stream_completion(self, req, q, cid: str, created: int, include_usage: bool) -> AsyncIterator[bytes]:
         finished = False
@@ -287,7 +287,7 @@ class Server:
             yield _SSE_DONE
         finally:
             if not finished:
-                self.engine.abort(req.rid)
+                self.engine.abort(req)
 
     # ------------------------------------------------------------------ info
     def _routes_info(self, app: FastAPI) -> None:
