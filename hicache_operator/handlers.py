@@ -128,7 +128,9 @@ def _run(namespace: str, name: str, nodes: list[dict], *, trigger: str, apply: b
                 post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
             result = reconcile(_kube(), raw, nodes, apply=apply, now=now(), process_backed=process_backed(),
                                post_findings=post_findings)
-            if result.plan.outcome.ok and result.plan.outcome.spec is not None:
+            spec = result.plan.outcome.spec
+            if result.plan.outcome.ok and spec is not None and (
+                    trigger == "timer" or swap.needed(previous, spec, result.pods)):
                 _swap_step(raw, result)
             status = {**previous, **result.status}
             if status != previous:

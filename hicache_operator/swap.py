@@ -169,6 +169,19 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     return SwapStep(state.to_status(), plan.conditions, plan.events, plan.requeue_after)
 
 
+def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict]) -> bool:
+    """Whether a step could do anything: a swap pending, a target the last step did not plan
+    for, or a live pod not (or no longer) admitted. Otherwise the fleet is settled and the
+    observation (a GET per pod) is skipped; the periodic reconcile still steps regardless, so
+    drift nobody reported is found within one interval."""
+    swap_state = (status or {}).get("backendSwap")
+    if not swap_state or pending(status):
+        return True
+    if swap_state.get("target") != storage_fingerprint(render.storage_config(spec)):
+        return True
+    return any(_gate(p) is not True for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp"))
+
+
 def pending(status: dict | None) -> bool:
     """Whether a swap step is due without any other trigger (drain waits, verification)."""
     swap = (status or {}).get("backendSwap") or {}

@@ -180,10 +180,11 @@ def test_operator_sigkilled_mid_swap_resumes_without_stranding_pods(env):
     rng = random.Random(7)
     kills = 0
     try:
-        for st, backend in [(storage(env, "file"), "file"), (storage(env, "none"), "none")]:
+        for st, backend in [(storage(env, "file"), "file"), (storage(env, "none"), "none"),
+                            (storage(env, "file"), "file")]:
             patch_storage(env, st)
             for _ in range(4):  # kill it at random points while the swap runs
-                time.sleep(rng.uniform(0.5, 3.0))
+                time.sleep(rng.uniform(0.2, 1.5))
                 if swap_done(env, backend):
                     break
                 env["op"].kill()
