@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -65,23 +66,14 @@ def watch_children(api, ns: str, seen: dict[str, dict[str, float]], stop: thread
     return threads
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=2000)
-    ap.add_argument("--deployments", type=int, default=1000)
-    ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--json-out", type=Path)
-    a = ap.parse_args()
-    netns.enter_private_netns()
+def measure(c: LocalCluster, a: argparse.Namespace, workdir: Path) -> tuple[list[float], float, float, bool]:
+    """Apply the deployments, wait for their children; (latencies, apply seconds, peak RSS, operator alive)."""
     from kubernetes import client
 
-    with tempfile.TemporaryDirectory(prefix="hicache-opscale-") as tmp:
-        nodes = [NodeSpec(f"gpu-{i:04d}", gpus=8, memory="1Ti") for i in range(a.nodes)]
-        c = LocalCluster(Path(tmp) / "cluster", nodes=nodes).start()
-        print(f"control plane + {a.nodes} nodes ready in {c.startup_seconds:.1f}s", flush=True)
-        c.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        c.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev")
-        op = OperatorProcess(c, Path(tmp), reconcile_interval=300).start()
+    c.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    c.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev")
+    op = OperatorProcess(c, workdir, reconcile_interval=300).start()
+    try:
         api = c.api_client()
         ns = "fleet"
         client.CoreV1Api(api).create_namespace({"metadata": {"name": ns}})
@@ -114,9 +106,29 @@ def main() -> None:
         stop.set()
         latencies = sorted(max(seen[n].values()) - created[n] for n in created
                            if len(seen.get(n, {})) >= EXPECTED_PER_DEPLOYMENT)
-        alive = op.alive()
+        return latencies, apply_s, rss, op.alive()
+    finally:
         op.stop()
-        c.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2000)
+    ap.add_argument("--deployments", type=int, default=1000)
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--json-out", type=Path)
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the cluster is stopped on kill
+    netns.enter_private_netns()
+
+    with tempfile.TemporaryDirectory(prefix="hicache-opscale-") as tmp:
+        nodes = [NodeSpec(f"gpu-{i:04d}", gpus=8, memory="1Ti") for i in range(a.nodes)]
+        c = LocalCluster(Path(tmp) / "cluster", nodes=nodes).start()
+        print(f"control plane + {a.nodes} nodes ready in {c.startup_seconds:.1f}s", flush=True)
+        try:
+            latencies, apply_s, rss, alive = measure(c, a, Path(tmp))
+        finally:
+            c.stop()
 
     def pct(p: float) -> float | None:
         return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))], 2) if latencies else None

@@ -1,22 +1,32 @@
-"""kopf glue: every handler reads, calls ``reconcile``/``swap``, writes status and Events.
+"""kopf glue: triggers only enqueue; worker threads reconcile (``reconcile``) and step swaps (``swap``).
 
-Triggers:
-- HiCacheDeployment create/update/resume and a timer: full reconcile (apply children), then one
-  backend-swap step (``swap.step``: admit new pods through the serving gate, move a swap on).
-- A short swap timer: one more swap step while a swap is pending (drains finish without any
-  Kubernetes event, so something must look again), never sleeping in a handler.
-- Pod events (pods we manage): a cheap reconcile of the owner (no apply) plus a swap step, so new
-  pods are admitted at once and restarts and swaps roll on as pods change.
-- EndpointSlice events (of our Services) while a swap is pending: the next swap step at once.
-- Node events: nodes feed an index (sizing reads it; kopf fills indexes before handlers run),
-  and a change that matters for sizing (labels, taints, allocatable, schedulability)
-  re-reconciles every HiCacheDeployment, which reports "no longer fits" in Degraded.
-An invalid spec sets ConfigValid=False and posts Warning Events; it never raises, so there is
-no crash loop. API errors become kopf TemporaryErrors (retried with a delay).
+Why a work queue instead of one kopf handler per trigger: at fleet scale each deployment's pods,
+EndpointSlices and timers fire bursts of events, and a full reconcile per event (plus two kopf
+timers and a finalizer per object) made the operator slow and large. Now:
+
+- HiCacheDeployment events: a new generation (or first sight at startup) queues an urgent
+  reconcile that applies the children; our own status writes queue nothing.
+- Pod events (pods we manage) queue a status refresh of their owner, which also admits new pods
+  through the serving gate and moves a swap on; urgent while that owner has a swap in flight.
+- EndpointSlice events (of our Services) queue the owner while a swap is in flight (drains and
+  readmissions wait on endpoints).
+- Nodes: ``nodecache.NodeCache`` lists and watches them itself, keeping only what sizing reads;
+  workers wait for its first listing, and a change that matters for sizing queues every
+  deployment, which reports "no longer fits".
+- Two periodic loops: a resync of every deployment (applies children, steps swaps, repairs drift
+  nobody reported) and a short swap poll of deployments with a swap in flight (a drain finishes
+  without any Kubernetes event), so no handler ever sleeps.
+
+No kopf change handlers or timers on HiCacheDeployments means no finalizer and no annotations
+written on them: deletion is left to the garbage collector through owner references.
+An invalid spec sets ConfigValid=False and posts Warning Events; it never raises, so there is no
+crash loop. API and other errors are retried with a per-deployment backoff.
 """
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import datetime
 import logging
 import os
@@ -28,19 +38,101 @@ from kubernetes.client.exceptions import ApiException
 
 from hicache_operator import labels, metrics, swap
 from hicache_operator.kube import Kube, load_config
+from hicache_operator.nodecache import NodeCache
 from hicache_operator.reconcile import Result, reconcile
 from hicache_operator.spec import GROUP, PLURAL, VERSION
+from hicache_operator.workqueue import Request, WorkQueue
 
 PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
 INTERVAL_ENV = "HICACHE_RECONCILE_INTERVAL"
 INTERVAL = float(os.environ.get(INTERVAL_ENV, "30"))
 SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "1"))
+WORKERS = int(os.environ.get("HICACHE_WORKERS", "8"))
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 
-_state: dict[str, Any] = {"kube": None}
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
-_seen_nodes: dict[str, dict] = {}
+log = logging.getLogger("hicache_operator")
+Key = tuple[str, str]  # (namespace, name)
+
+
+class Controller:
+    """The queue, what the event handlers learned, and the workers draining the queue."""
+
+    def __init__(self) -> None:
+        self.queue = WorkQueue()
+        self.kube: Kube | None = None
+        self.nodes: NodeCache | None = None
+        self.pod_index: kopf.Index | None = None
+        self.known: set[Key] = set()
+        self.swapping: set[Key] = set()  # deployments whose last status has a swap in flight
+        self.stop = threading.Event()
+        self._started = False
+        self._start_guard = threading.Lock()
+
+    def start(self, pod_index: kopf.Index) -> None:
+        """Start the threads on the first handler call: by then kopf has filled its indexes, and
+        the context holds kopf's Event poster, so ``kopf.event`` works from the worker threads."""
+        with self._start_guard:
+            if self._started:
+                return
+            self._started = True
+            self.pod_index = pod_index
+            loops = [self._worker] * WORKERS + [self._resync_loop, self._swap_poll_loop]
+            for i, target in enumerate(loops):
+                threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True,
+                                 name=f"hicache-{target.__name__.strip('_')}-{i}").start()
+
+    def enqueue(self, key: Key, request: Request) -> None:
+        self.queue.add(key, request)
+        metrics.QUEUE_DEPTH.set(self.queue.depth())
+
+    def cached_pods(self, key: Key) -> list[dict]:
+        """The deployment's pods as the watch last saw them (copies: a reconcile edits its own)."""
+        assert self.pod_index is not None
+        return copy.deepcopy(list(self.pod_index.get(key, [])))
+
+    def nodes_changed(self) -> None:
+        """A node changed in a way sizing sees: re-check every deployment ("no longer fits")."""
+        for key in list(self.known):
+            self.enqueue(key, Request("node", apply=True))
+
+    def _worker(self) -> None:
+        assert self.nodes is not None
+        while not self.nodes.wait_synced(timeout=1.0):  # sizing needs every node
+            if self.stop.is_set():
+                return
+        while not self.stop.is_set():
+            item = self.queue.get(timeout=1.0)
+            if item is None:
+                continue
+            key, request = item
+            metrics.QUEUE_DEPTH.set(self.queue.depth())
+            try:
+                process(self, key, request)
+                self.queue.succeeded(key)
+            except ApiException as exc:
+                metrics.RECONCILES.labels(request.trigger, "api_error").inc()
+                delay = self.queue.retry(key, request)
+                log.warning("reconcile of %s/%s: Kubernetes API error %s %s: %s; retrying in %.0fs",
+                            *key, exc.status, exc.reason, (exc.body or "")[:500], delay)
+            except Exception:  # a bug must not stop the worker or the other deployments
+                metrics.RECONCILES.labels(request.trigger, "error").inc()
+                delay = self.queue.retry(key, request)
+                log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
+            finally:
+                self.queue.done(key)
+
+    def _resync_loop(self) -> None:
+        while not self.stop.wait(INTERVAL):
+            for key in list(self.known):
+                self.enqueue(key, Request("resync", apply=True))
+
+    def _swap_poll_loop(self) -> None:
+        while not self.stop.wait(SWAP_POLL):
+            for key in list(self.swapping):
+                self.enqueue(key, Request("swap", urgent=True))
+
+
+controller = Controller()
 
 
 def now() -> str:
@@ -52,56 +144,36 @@ def process_backed() -> bool:
 
 
 def _kube() -> Kube:
-    if _state["kube"] is None:
+    if controller.kube is None:
         load_config()
-        _state["kube"] = Kube()
-    return _state["kube"]
-
-
-def _lock(namespace: str, name: str) -> threading.Lock:
-    """One reconcile per deployment at a time (timers, change and pod handlers run concurrently)."""
-    with _locks_guard:
-        return _locks.setdefault((namespace, name), threading.Lock())
+        controller.kube = Kube(memo_seconds=INTERVAL)
+    return controller.kube
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = f"{labels.PREFIX}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=labels.PREFIX, key="last-handled-configuration")
     settings.posting.level = logging.WARNING  # kopf's own chatter stays in the log; our Events are explicit
     settings.posting.reporting_component = labels.MANAGER
     settings.posting.event_name_prefix = "hicache-"
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
     settings.networking.request_timeout = 60
-    settings.execution.max_workers = 8
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # liveness probes, every few seconds
     logging.getLogger("httpx").setLevel(logging.WARNING)  # runtime GETs on every swap step
-    _kube()
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # "Handler succeeded" for every pod event
+    controller.nodes = NodeCache(_kube().api, controller.nodes_changed, controller.stop)
+    controller.nodes.start()
 
 
-def node_essence(body: Any) -> dict:
-    """What sizing reads from a node; heartbeats do not change it."""
-    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
-    return {"metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
-            "spec": {"taints": list(spec.get("taints") or []), "unschedulable": bool(spec.get("unschedulable"))},
-            "status": {"allocatable": dict(status.get("allocatable") or {})}}
+@kopf.on.cleanup()
+def shutdown(**_: Any) -> None:
+    controller.stop.set()
+    controller.queue.close()
 
 
-@kopf.index("", "v1", "nodes")
-def node_index(body: kopf.Body, **_: Any) -> dict:
-    return {None: node_essence(body)}
-
-
-@kopf.index(**RESOURCE)
-def deployment_index(namespace: str, name: str, **_: Any) -> dict:
-    return {None: (namespace, name)}
-
-
-def _nodes(index: kopf.Index) -> list[dict]:
-    return list(index.get(None, []))
+def _nodes() -> list[dict]:
+    assert controller.nodes is not None
+    return controller.nodes.nodes()
 
 
 def _post(body: Any, result: Result, previous: dict) -> None:
@@ -113,31 +185,28 @@ def _post(body: Any, result: Result, previous: dict) -> None:
         kopf.event(body, type="Warning", reason=new["reason"], message=new.get("message", ""))
 
 
-def _run(namespace: str, name: str, nodes: list[dict], *, trigger: str, apply: bool,
-         post_findings: bool | None = None) -> Result | None:
-    """One reconcile (+ one swap step) of the deployment as it is NOW, status written before
-    the lock is released, so concurrent triggers never plan from a stale status or overwrite a
-    newer one. ``post_findings`` None: post them when the generation is new."""
-    with _lock(namespace, name), metrics.RECONCILE_SECONDS.labels(trigger).time():
-        try:
-            raw = _kube().get_deployment(namespace, name)
-            if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
-                return None
-            previous = raw.get("status") or {}
-            if post_findings is None:
-                post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
-            result = reconcile(_kube(), raw, nodes, apply=apply, now=now(), process_backed=process_backed(),
-                               post_findings=post_findings)
-            spec = result.plan.outcome.spec
-            if result.plan.outcome.ok and spec is not None and (
-                    trigger == "timer" or swap.needed(previous, spec, result.pods)):
-                _swap_step(raw, result)
-            status = {**previous, **result.status}
-            if status != previous:
-                _kube().replace_deployment_status(namespace, name, status)
-        except ApiException as exc:
-            metrics.RECONCILES.labels(trigger, "api_error").inc()
-            raise kopf.TemporaryError(f"Kubernetes API error {exc.status} {exc.reason}: {exc.body}", delay=10) from exc
+def process(ctl: Controller, key: Key, request: Request) -> Result | None:
+    """One reconcile (+ one swap step) of the deployment as it is NOW; the status is written
+    before the queue lets another worker at the same key, so no step plans from a stale status.
+    Validation findings are posted when the generation is new to the status."""
+    namespace, name = key
+    with metrics.RECONCILE_SECONDS.labels(request.trigger).time():
+        raw = _kube().get_deployment(namespace, name)
+        if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        previous = raw.get("status") or {}
+        post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
+        result = reconcile(_kube(), raw, _nodes(), apply=request.apply, now=now(), process_backed=process_backed(),
+                           post_findings=post_findings,
+                           cached_pods=None if swap.pending(previous) else ctl.cached_pods(key))
+        spec = result.plan.outcome.spec
+        if result.plan.outcome.ok and spec is not None and (result.pods or swap.pending(previous)) and (
+                request.trigger == "resync" or swap.needed(previous, spec, result.pods)):
+            _swap_step(raw, result)
+        status = {**previous, **result.status}
+        if status != previous:
+            _kube().replace_deployment_status(namespace, name, status)
+        _track_swap(ctl, key, status)
     outcome = result.plan.outcome
     if post_findings:
         for f in outcome.findings:
@@ -146,9 +215,16 @@ def _run(namespace: str, name: str, nodes: list[dict], *, trigger: str, apply: b
             elif f.severity == "normalised":
                 metrics.NORMALISATIONS.labels(f.rule).inc()
     metrics.POD_RESTARTS.inc(len(result.deleted_pods))
-    metrics.RECONCILES.labels(trigger, "ok" if outcome.ok else "invalid").inc()
+    metrics.RECONCILES.labels(request.trigger, "ok" if outcome.ok else "invalid").inc()
     _post(raw, result, previous)
     return result
+
+
+def _track_swap(ctl: Controller, key: Key, status: dict | None) -> None:
+    if swap.pending(status):
+        ctl.swapping.add(key)
+    else:
+        ctl.swapping.discard(key)
 
 
 def _swap_step(raw: dict, result: Result) -> None:
@@ -169,59 +245,58 @@ def _swap_step(raw: dict, result: Result) -> None:
         result.events.append((ev.type, ev.reason, ev.message))
 
 
-@kopf.on.resume(**RESOURCE)
-@kopf.on.create(**RESOURCE)
-@kopf.on.update(**RESOURCE)
-def on_spec(namespace: str, name: str, reason: str, node_index: kopf.Index, **_: Any) -> None:
-    _run(namespace, name, _nodes(node_index), trigger=getattr(reason, "value", str(reason)), apply=True,
-         post_findings=True)
+@kopf.on.event(**RESOURCE)
+async def on_deployment(event: dict, body: kopf.Body, namespace: str, name: str, pod_index: kopf.Index,
+                        **_: Any) -> None:
+    controller.start(pod_index)
+    key = (namespace, name)
+    if event.get("type") == "DELETED":
+        controller.known.discard(key)
+        controller.swapping.discard(key)
+        controller.queue.forget(key)
+        _kube().forget(namespace, name)
+        return
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return
+    controller.known.add(key)
+    status = body.get("status") or {}
+    _track_swap(controller, key, status)
+    if event.get("type") is None:  # the initial listing: the operator (re)started
+        controller.enqueue(key, Request("resume", apply=True, urgent=True))
+    elif status.get("observedGeneration") != body.get("metadata", {}).get("generation"):
+        controller.enqueue(key, Request("spec", apply=True, urgent=True))
 
 
-@kopf.timer(**RESOURCE, interval=INTERVAL, initial_delay=INTERVAL)
-def on_timer(namespace: str, name: str, node_index: kopf.Index, **_: Any) -> None:
-    _run(namespace, name, _nodes(node_index), trigger="timer", apply=True)
+def _owner(body: kopf.Body) -> str | None:
+    return ((body.get("metadata") or {}).get("labels") or {}).get(labels.DEPLOYMENT)
 
 
-@kopf.timer(**RESOURCE, interval=SWAP_POLL, initial_delay=SWAP_POLL)
-def on_swap_timer(body: kopf.Body, namespace: str, name: str, node_index: kopf.Index, **_: Any) -> None:
-    if swap.pending(body.get("status")):
-        _run(namespace, name, _nodes(node_index), trigger="swap", apply=False, post_findings=False)
+def pod_essence(body: Any) -> dict:
+    """What status, restarts and swaps read from a pod (no spec, no managedFields: memory)."""
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations",
+                                               "deletionTimestamp", "creationTimestamp") if k in meta},
+            "status": {k: status[k] for k in ("phase", "podIP", "conditions") if k in status}}
+
+
+@kopf.index("", "v1", "pods", labels={labels.MANAGED_BY: labels.MANAGER})
+async def pod_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
+    owner = _owner(body)
+    return {(namespace, owner): pod_essence(body)} if owner else {}
 
 
 @kopf.on.event("", "v1", "pods", labels={labels.MANAGED_BY: labels.MANAGER})
-def on_pod(body: kopf.Body, namespace: str, node_index: kopf.Index, **_: Any) -> None:
-    owner = ((body.get("metadata") or {}).get("labels") or {}).get(labels.DEPLOYMENT)
+async def on_pod(body: kopf.Body, namespace: str, pod_index: kopf.Index, **_: Any) -> None:
+    controller.start(pod_index)
+    owner = _owner(body)
     if owner:
-        _run(namespace, owner, _nodes(node_index), trigger="pod", apply=False, post_findings=False)
+        key = (namespace, owner)
+        controller.enqueue(key, Request("pod", urgent=key in controller.swapping))
 
 
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={labels.MANAGED_BY: labels.MANAGER})
-def on_endpointslice(body: kopf.Body, namespace: str, node_index: kopf.Index, deployment_index: kopf.Index,
-                     **_: Any) -> None:
-    """A swap waits on endpoints (drained, back in serving): look again as soon as they change,
-    rather than at the next poll. Only while a swap is pending, so steady state costs nothing."""
-    owner = ((body.get("metadata") or {}).get("labels") or {}).get(labels.DEPLOYMENT)
-    if owner and (namespace, owner) in set(deployment_index.get(None, [])) and swap.pending(_swap_status(namespace, owner)):
-        _run(namespace, owner, _nodes(node_index), trigger="endpointslice", apply=False, post_findings=False)
-
-
-def _swap_status(namespace: str, name: str) -> dict | None:
-    body = _kube().get_deployment(namespace, name)
-    return (body or {}).get("status")
-
-
-@kopf.on.event("", "v1", "nodes")
-def on_node(event: dict, body: kopf.Body, name: str, node_index: kopf.Index, deployment_index: kopf.Index,
-            **_: Any) -> None:
-    essence = None if event.get("type") == "DELETED" else node_essence(body)
-    if _seen_nodes.get(name) == essence:
-        return
-    first_sight = name not in _seen_nodes and event.get("type") is None  # initial listing at startup
-    if essence is None:
-        _seen_nodes.pop(name, None)
-    else:
-        _seen_nodes[name] = essence
-    if first_sight:
-        return
-    for namespace, deployment in list(deployment_index.get(None, [])):
-        _run(namespace, deployment, _nodes(node_index), trigger="node", apply=True, post_findings=False)
+async def on_endpointslice(body: kopf.Body, namespace: str, pod_index: kopf.Index, **_: Any) -> None:
+    controller.start(pod_index)
+    owner = _owner(body)
+    if owner and (namespace, owner) in controller.swapping:
+        controller.enqueue((namespace, owner), Request("endpointslice", urgent=True))

@@ -11,6 +11,7 @@ exception: it is created once and never applied again, so the key is never rotat
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from kubernetes import client, config
@@ -37,10 +38,18 @@ def load_config() -> None:
 
 
 class Kube:
-    """Thin wrapper so handlers read as steps; every method is one API call."""
+    """Thin wrapper so handlers read as steps; every method is at most one API call.
 
-    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+    Two reads are remembered, because at fleet scale every pod event would repeat them: that an
+    admin Secret exists (for ``memo_seconds``, so a deleted one is noticed within that period),
+    and the restart hash of the pod template of each StatefulSet we applied (we are its only
+    writer; after a restart of the operator it is read once)."""
+
+    def __init__(self, api_client: client.ApiClient | None = None, *, memo_seconds: float = 0.0) -> None:
         self.api = api_client or client.ApiClient()
+        self.memo_seconds = memo_seconds
+        self._secrets_seen: dict[tuple[str, str], float] = {}
+        self._template_hashes: dict[tuple[str, str], str | None] = {}
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
         self.policy = client.PolicyV1Api(self.api)
@@ -48,6 +57,12 @@ class Kube:
 
     def to_dict(self, obj: Any) -> dict:
         return self.api.sanitize_for_serialization(obj)
+
+    @staticmethod
+    def _json(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The response as plain JSON: building the client's typed models and converting them
+        back costs more CPU than the request itself, which a fleet-sized operator feels."""
+        return json.loads(call(*args, _preload_content=False, **kwargs).data)
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply of one rendered child (created if absent); returns the live object.
@@ -67,36 +82,63 @@ class Kube:
         resp.read()
         if not 200 <= resp.status < 300:
             raise ApiException(http_resp=resp)
-        return json.loads(resp.data)
+        live = json.loads(resp.data)
+        if kind == "StatefulSet":
+            self._template_hashes[(ns, name)] = _template_hash(live)
+        return live
 
     def create_secret(self, obj: dict[str, Any]) -> dict[str, Any]:
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         try:
-            return self.to_dict(self.core.create_namespaced_secret(obj["metadata"]["namespace"], obj))
+            created = self._json(self.core.create_namespaced_secret, key[0], obj)
         except ApiException as exc:
             if exc.status != 409:  # 409: someone created it meanwhile; theirs stands
                 raise
-            return {}
+            created = {}
+        self._secrets_seen[key] = time.monotonic()
+        return created
+
+    def ensure_secret(self, obj: dict[str, Any]) -> bool:
+        """Create the Secret unless it exists (theirs stands); True when this call created it."""
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        return not self._seen_recently(key) and bool(self.create_secret(obj))
 
     def secret_exists(self, namespace: str, name: str) -> bool:
-        try:
-            self.core.read_namespaced_secret(name, namespace)
+        if self._seen_recently((namespace, name)):
             return True
+        try:
+            self.core.read_namespaced_secret(name, namespace, _preload_content=False)
         except ApiException as exc:
             if exc.status == 404:
                 return False
             raise
+        self._secrets_seen[(namespace, name)] = time.monotonic()
+        return True
 
-    def statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.to_dict(self.apps.read_namespaced_stateful_set(name, namespace))
-        except ApiException as exc:
-            if exc.status == 404:
+    def _seen_recently(self, key: tuple[str, str]) -> bool:
+        seen = self._secrets_seen.get(key)
+        return seen is not None and time.monotonic() - seen < self.memo_seconds
+
+    def template_hash(self, namespace: str, name: str) -> str | None:
+        """The restart hash of the StatefulSet's pod template (None: no StatefulSet yet)."""
+        key = (namespace, name)
+        if key not in self._template_hashes:
+            try:
+                self._template_hashes[key] = _template_hash(
+                    self._json(self.apps.read_namespaced_stateful_set, name, namespace))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
                 return None
-            raise
+        return self._template_hashes[key]
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The deployment is gone: drop what was remembered for its children."""
+        self._template_hashes.pop((namespace, name), None)
 
     def pods(self, namespace: str, deployment: str) -> list[dict[str, Any]]:
         sel = f"{labels.selector_string(deployment)},{labels.DEPLOYMENT}={deployment}"
-        return [self.to_dict(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel).items]
+        return self._json(self.core.list_namespaced_pod, namespace, label_selector=sel).get("items") or []
 
     def delete_pod(self, namespace: str, name: str) -> None:
         try:
@@ -107,7 +149,7 @@ class Kube:
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            return self._json(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -120,3 +162,8 @@ class Kube:
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, [{"op": "add", "path": "/status", "value": status}],
             _content_type="application/json-patch+json")
+
+
+def _template_hash(sts: dict[str, Any]) -> str | None:
+    return ((((sts.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+        "annotations") or {}).get(labels.RESTART_HASH)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter("hicache_operator_reconciles_total", "Reconciles of a HiCacheDeployment.",
                      ["trigger", "result"])
@@ -18,3 +18,4 @@ SWAP_STEP_SECONDS = Histogram("hicache_operator_swap_step_duration_seconds",
                               "One observe-plan-act pass of a backend swap.")
 SWAP_EVENTS = Counter("hicache_operator_swap_events_total", "Backend-swap events, by reason (PodDraining, "
                       "PodSwapped, PodRolledBack, BackendSwapComplete, ...).", ["reason"])
+QUEUE_DEPTH = Gauge("hicache_operator_workqueue_depth", "HiCacheDeployments waiting to be reconciled.")

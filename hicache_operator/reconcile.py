@@ -81,18 +81,23 @@ def finding_events(outcome: Outcome) -> list[tuple[str, str, str]]:
 
 
 def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, apply: bool, now: str,
-              process_backed: bool = False, post_findings: bool = False,
+              process_backed: bool = False, post_findings: bool = False, cached_pods: list[dict] | None = None,
               new_key: Callable[[], str] = lambda: secrets.token_urlsafe(32)) -> Result:
     """Bring the children in line with the spec (``apply``) and compute the status.
 
     With ``apply`` False nothing is rendered onto the cluster: the reconcile only deletes stale
     pods and recomputes the status (the cheap path run on pod and node events).
+    ``cached_pods`` (the pods as the operator's watch last saw them) spare a list call, except
+    while pods are to be restarted: deleting within the maxUnavailable budget needs them fresh.
     """
     meta = body["metadata"]
     name, ns, generation = meta["name"], meta.get("namespace", "default"), int(meta.get("generation") or 0)
     p = plan(body, nodes, process_backed=process_backed)
     events = finding_events(p.outcome) if post_findings else []
-    pods = kube.pods(ns, name)
+    pods = cached_pods
+    if pods is None or p.desired is None or any(
+            restarts.restart_hash_of(pod) != p.desired.restart_hash for pod in pods):
+        pods = kube.pods(ns, name)
     previous = body.get("status") or {}
     if p.desired is None:
         errors = [(f.rule, f.message) for f in p.outcome.errors]
@@ -104,22 +109,18 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
 
     ref = spec.admin_key_secret_ref
     secret_name = ref.name if ref else render.names(name)["secret"]
-    if not kube.secret_exists(ns, secret_name):
-        if ref is None and apply:
-            kube.create_secret(render.admin_secret(p.owner, new_key()))
+    if ref is None and apply:
+        if kube.ensure_secret(render.admin_secret(p.owner, new_key())):
             events.append(("Normal", "AdminKeyCreated", f"generated the admin API key in Secret {secret_name}"))
-        else:
-            degraded.append(("AdminSecretMissing", f"Secret {secret_name} with the admin API key does not exist"))
+    elif not kube.secret_exists(ns, secret_name):
+        degraded.append(("AdminSecretMissing", f"Secret {secret_name} with the admin API key does not exist"))
 
     if apply:
-        live = [kube.apply(child) for child in p.children]
-        sts = live[-1]
-    else:
-        sts = kube.statefulset(ns, name)
+        for child in p.children:
+            kube.apply(child)
 
     deleted: list[str] = []
-    template_hash = ((((sts or {}).get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
-        "annotations", {}).get(labels.RESTART_HASH)
+    template_hash = kube.template_hash(ns, name)
     if template_hash == p.desired.restart_hash:  # only restart into a template that is already live
         deleted = restarts.plan_restarts(pods, template_hash, spec.rollout.max_unavailable, spec.replicas)
         for pod_name in deleted:

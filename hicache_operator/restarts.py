@@ -34,6 +34,10 @@ def _annotations(pod: dict) -> dict:
     return (pod.get("metadata") or {}).get("annotations") or {}
 
 
+def restart_hash_of(pod: dict) -> str | None:
+    return _annotations(pod).get(labels.RESTART_HASH)
+
+
 def is_held(pod: dict) -> bool:
     """Taken out of serving by the backend-swap planner (its serving gate is False)."""
     return any(c.get("type") == labels.SERVING_CONDITION and c.get("status") == "False"
@@ -51,7 +55,7 @@ def plan_restarts(pods: list[dict], restart_hash: str, max_unavailable: int | st
     live = [p for p in pods if not pod_is_terminating(p)]
     unavailable = max(0, replicas - len(live)) + sum(
         1 for p in live if not pod_is_ready(p) or is_held(p))
-    stale = sorted((p for p in live if _annotations(p).get(labels.RESTART_HASH) != restart_hash and not is_held(p)),
+    stale = sorted((p for p in live if restart_hash_of(p) != restart_hash and not is_held(p)),
                    key=_ordinal, reverse=True)
     out = [p["metadata"]["name"] for p in stale if not pod_is_ready(p)]
     for pod in stale:

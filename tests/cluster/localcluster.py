@@ -84,6 +84,10 @@ class ClusterError(RuntimeError):
     pass
 
 
+NODE_APPLY_CHUNK = 250
+NODE_LEASE_SECONDS = 600
+
+
 class LocalCluster:
     def __init__(self, workdir: Path, nodes: list[NodeSpec] | None = None,
                  bin_dir: Path | None = None, network: Network | None = None):
@@ -211,7 +215,9 @@ class LocalCluster:
             "--kube-api-qps=500", "--kube-api-burst=1000",
             "--concurrent-statefulset-syncs=20", "--concurrent-deployment-syncs=20",
             "--concurrent-replicaset-syncs=20", "--concurrent-gc-syncs=40",
-            "--node-monitor-grace-period=60s", "--v=1"])
+            # Simulated nodes never fail, and at 2000 nodes short leases were most of the API
+            # server's load (a renewal per node every 10 s): long leases, matching grace period.
+            f"--node-monitor-grace-period={NODE_LEASE_SECONDS * 3 // 2}s", "--v=1"])
 
     def _start_scheduler(self) -> None:
         cfg = self.workdir / "scheduler.yaml"
@@ -228,7 +234,7 @@ class LocalCluster:
         stages = self._write_kwok_stages()
         argv = [self._bin("kwok"), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=true",
                 f"--cidr={self.network.kwok_cidr}", f"--node-ip={self.node_ip(0)}",
-                "--node-lease-duration-seconds=40", "--server-address=127.0.0.1:0"]
+                f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}", "--server-address=127.0.0.1:0"]
         for s in stages:
             argv += ["-c", str(s)]
         self._spawn("kwok", argv)
@@ -291,8 +297,8 @@ class LocalCluster:
             ip = d["status"]["addresses"][0]["address"]
             if self.network.endpoints_work:
                 netns.add_address(ip)  # host-network pods and node-local hostnames bind here
-        if docs:
-            self.kubectl_apply(docs)
+        for i in range(0, len(docs), NODE_APPLY_CHUNK):  # chunks: thousands of nodes outlast one call's timeout
+            self.kubectl_apply(docs[i:i + NODE_APPLY_CHUNK])
 
     def add_nodes(self, nodes: list[NodeSpec]) -> None:
         start = len(self.nodes)

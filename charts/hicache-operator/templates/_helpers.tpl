@@ -55,12 +55,12 @@ swap.py, handlers.py) and kopf. Nothing else: no deletes but pods, no updates, n
 reads of objects it only writes.
 */}}
 {{- define "hicache-operator.namespacedRules" -}}
-# kopf watches HiCacheDeployments and patches its own annotations and finalizer;
-# handlers re-read one by name (kube.get_deployment).
+# kopf watches HiCacheDeployments (no finalizer, no annotations: nothing to patch);
+# workers re-read one by name (kube.get_deployment).
 - apiGroups: [hicache.dev]
   resources: [hicachedeployments]
-  verbs: [get, list, watch, patch]
-# kopf and kube.patch_deployment_status write status through the status subresource.
+  verbs: [get, list, watch]
+# kube.replace_deployment_status writes status through the status subresource.
 - apiGroups: [hicache.dev]
   resources: [hicachedeployments/status]
   verbs: [patch]

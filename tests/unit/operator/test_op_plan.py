@@ -6,7 +6,7 @@ import pytest
 from op_helpers import body, gpu_node
 
 from hicache_operator import __main__ as cli
-from hicache_operator import handlers
+from hicache_operator import nodecache
 from hicache_operator.reconcile import event_reason, finding_events, plan
 
 DRAM = {"image": "img", "parallelism": {"tp": 8},
@@ -49,9 +49,9 @@ def test_invalid_plan_renders_nothing_and_events_name_the_rule():
 def test_node_essence_ignores_heartbeats():
     node = gpu_node("n")
     beat = {**node, "status": {**node["status"], "conditions": [{"type": "Ready", "lastHeartbeatTime": "t"}]}}
-    assert handlers.node_essence(node) == handlers.node_essence(beat)
+    assert nodecache.node_essence(node) == nodecache.node_essence(beat)
     relabeled = {**node, "metadata": {**node["metadata"], "labels": {"x": "y"}}}
-    assert handlers.node_essence(node) != handlers.node_essence(relabeled)
+    assert nodecache.node_essence(node) != nodecache.node_essence(relabeled)
 
 
 def test_cli_requires_a_scope():

@@ -10,7 +10,7 @@ from hicache_operator.__main__ import parse_args
 # handlers.py) and kopf: (apiGroup, resource) -> verbs. Written out here, not read from
 # the chart, so a template change that widens or narrows a permission fails.
 NAMESPACED = {
-    ("hicache.dev", "hicachedeployments"): {"get", "list", "watch", "patch"},
+    ("hicache.dev", "hicachedeployments"): {"get", "list", "watch"},
     ("hicache.dev", "hicachedeployments/status"): {"patch"},
     ("apps", "statefulsets"): {"get", "create", "patch"},
     ("", "services"): {"create", "patch"},
