@@ -30,7 +30,9 @@ import copy
 import datetime
 import logging
 import os
+import random
 import threading
+import time
 from typing import Any
 
 import kopf
@@ -62,7 +64,8 @@ class Controller:
         self.kube: Kube | None = None
         self.nodes: NodeCache | None = None
         self.pod_index: kopf.Index | None = None
-        self.known: set[Key] = set()
+        self.known: dict[Key, float] = {}  # deployment -> when its next resync is due (monotonic)
+        self._known_guard = threading.Lock()
         self.swapping: set[Key] = set()  # deployments whose last status has a swap in flight
         self.stop = threading.Event()
         self._started = False
@@ -121,9 +124,28 @@ class Controller:
             finally:
                 self.queue.done(key)
 
+    def track(self, key: Key) -> None:
+        """Resyncs are spread over the interval (a random phase per deployment), so a thousand
+        deployments do not all re-apply their children in the same second."""
+        with self._known_guard:
+            if key not in self.known:
+                self.known[key] = time.monotonic() + random.uniform(0, INTERVAL)
+
+    def untrack(self, key: Key) -> None:
+        with self._known_guard:
+            self.known.pop(key, None)
+        self.swapping.discard(key)
+        self.queue.forget(key)
+
     def _resync_loop(self) -> None:
-        while not self.stop.wait(INTERVAL):
-            for key in list(self.known):
+        while not self.stop.wait(min(1.0, INTERVAL / 4)):
+            now_, due_keys = time.monotonic(), []
+            with self._known_guard:
+                for key, due in self.known.items():
+                    if due <= now_:
+                        self.known[key] = max(due + INTERVAL, now_)
+                        due_keys.append(key)
+            for key in due_keys:
                 self.enqueue(key, Request("resync", apply=True))
 
     def _swap_poll_loop(self) -> None:
@@ -251,14 +273,12 @@ async def on_deployment(event: dict, body: kopf.Body, namespace: str, name: str,
     controller.start(pod_index)
     key = (namespace, name)
     if event.get("type") == "DELETED":
-        controller.known.discard(key)
-        controller.swapping.discard(key)
-        controller.queue.forget(key)
+        controller.untrack(key)
         _kube().forget(namespace, name)
         return
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
-    controller.known.add(key)
+    controller.track(key)
     status = body.get("status") or {}
     _track_swap(controller, key, status)
     if event.get("type") is None:  # the initial listing: the operator (re)started

@@ -1,6 +1,7 @@
 """Shared helpers for e2e tests: polling, kubectl JSON, and the operator as a real process."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -10,6 +11,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _die_with_parent() -> None:
+    """Linux PR_SET_PDEATHSIG: an operator whose test or benchmark was killed must not live on,
+    retrying a vanished API server and eating CPU (it runs in its own session, so a group kill
+    does not reach it)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def wait_for(cond, timeout: float = 60, what: str = "condition", interval: float = 0.3):
@@ -51,7 +59,7 @@ class OperatorProcess:
         f = open(self.log, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "hicache_operator", *self.args, "--metrics-port", "0"],
                                      env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd=REPO)
+                                     cwd=REPO, preexec_fn=_die_with_parent)
         f.close()
         wait_for(lambda: "Initial authentication has finished" in self.log.read_text(errors="replace")[offset:]
                  or not self.alive(), timeout=60, what="operator started")

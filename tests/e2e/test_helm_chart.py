@@ -208,7 +208,7 @@ def test_operator_reconciles_the_sample(target):
 
 # What the operator does, from hicache_operator/ and kopf: (verb, resource, subresource).
 NAMESPACED_ALLOWED = [
-    *((v, "hicachedeployments.hicache.dev", None) for v in ("get", "list", "watch", "patch")),
+    *((v, "hicachedeployments.hicache.dev", None) for v in ("get", "list", "watch")),
     ("patch", "hicachedeployments.hicache.dev", "status"),
     *((v, "statefulsets.apps", None) for v in ("get", "create", "patch")),
     *((v, r, None) for r in ("services", "configmaps", "poddisruptionbudgets.policy") for v in ("create", "patch")),
@@ -221,6 +221,7 @@ NAMESPACED_ALLOWED = [
 NAMESPACED_DENIED = [
     ("delete", "secrets", None), ("list", "secrets", None), ("update", "secrets", None), ("patch", "secrets", None),
     ("delete", "hicachedeployments.hicache.dev", None), ("update", "hicachedeployments.hicache.dev", None),
+    ("patch", "hicachedeployments.hicache.dev", None),  # no finalizer, no annotations: only status is written
     ("create", "hicachedeployments.hicache.dev", None),
     ("delete", "statefulsets.apps", None), ("delete", "services", None), ("delete", "configmaps", None),
     ("get", "configmaps", None), ("create", "pods", None), ("create", "pods", "exec"), ("get", "pods", "log"),
