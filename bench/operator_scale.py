@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import statistics
 import sys
@@ -36,6 +37,11 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def watch_children(api, ns: str, seen: dict[str, dict[str, float]], stop: threading.Event) -> list[threading.Thread]:
@@ -66,8 +72,10 @@ def watch_children(api, ns: str, seen: dict[str, dict[str, float]], stop: thread
     return threads
 
 
-def measure(c: LocalCluster, a: argparse.Namespace, workdir: Path) -> tuple[list[float], float, float, bool]:
-    """Apply the deployments, wait for their children; (latencies, apply seconds, peak RSS, operator alive)."""
+def measure(c: LocalCluster, a: argparse.Namespace,
+            workdir: Path) -> tuple[list[float], float, float, bool, dict[str, float]]:
+    """Apply the deployments, wait for their children; (latencies, apply seconds, peak RSS, operator
+    alive, CPU seconds per process while measuring: who the 2 cores went to)."""
     from kubernetes import client
 
     c.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
@@ -84,6 +92,8 @@ def measure(c: LocalCluster, a: argparse.Namespace, workdir: Path) -> tuple[list
 
         custom = client.CustomObjectsApi(api)
         created: dict[str, float] = {}
+        pids = {**{n: p.pid for n, p in c.procs.items()}, "operator": op.proc.pid, "bench": os.getpid()}
+        cpu0 = {n: cpu_seconds(pid) for n, pid in pids.items()}
         t0 = time.monotonic()
         for i in range(a.deployments):
             name = f"d{i:04d}"
@@ -106,7 +116,8 @@ def measure(c: LocalCluster, a: argparse.Namespace, workdir: Path) -> tuple[list
         stop.set()
         latencies = sorted(max(seen[n].values()) - created[n] for n in created
                            if len(seen.get(n, {})) >= EXPECTED_PER_DEPLOYMENT)
-        return latencies, apply_s, rss, op.alive()
+        cpu = {n: round(cpu_seconds(pid) - cpu0[n], 1) for n, pid in pids.items()}
+        return latencies, apply_s, rss, op.alive(), cpu
     finally:
         op.stop()
 
@@ -126,7 +137,7 @@ def main() -> None:
         c = LocalCluster(Path(tmp) / "cluster", nodes=nodes).start()
         print(f"control plane + {a.nodes} nodes ready in {c.startup_seconds:.1f}s", flush=True)
         try:
-            latencies, apply_s, rss, alive = measure(c, a, Path(tmp))
+            latencies, apply_s, rss, alive, cpu = measure(c, a, Path(tmp))
         finally:
             c.stop()
 
@@ -137,7 +148,7 @@ def main() -> None:
               "mean_s": round(statistics.mean(latencies), 2) if latencies else None,
               "operator_peak_rss_mb": round(rss), "operator_survived": alive,
               "ratio_p99_to_goal_30s": pct(0.99) / 30 if latencies else None,
-              "ratio_rss_to_goal_250mb": round(rss / 250, 2)}
+              "ratio_rss_to_goal_250mb": round(rss / 250, 2), "cpu_seconds_during_run": cpu}
     print(json.dumps(result, indent=2))
     if a.json_out:
         a.json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,13 @@ import kopf
 import prometheus_client
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m hicache_operator",
@@ -24,6 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     parser.add_argument("--reconcile-interval", type=float, default=None, metavar="SECONDS",
                         help="periodic reconcile interval (env HICACHE_RECONCILE_INTERVAL, default 30)")
+    parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                        help="HiCacheDeployments reconciled in parallel (env HICACHE_WORKERS, default 16); "
+                             "each waits mostly on the API server, so large fleets want more")
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser.parse_args(argv)
 
@@ -32,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.reconcile_interval is not None:
         os.environ["HICACHE_RECONCILE_INTERVAL"] = str(args.reconcile_interval)
+    if args.workers is not None:
+        os.environ["HICACHE_WORKERS"] = str(args.workers)
     kopf.configure(verbose=args.verbose)
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port, addr=args.metrics_host)

@@ -38,7 +38,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator import labels, metrics, swap
+from hicache_operator import labels, metrics, render, swap
 from hicache_operator.kube import Kube, load_config
 from hicache_operator.nodecache import NodeCache
 from hicache_operator.reconcile import Result, reconcile
@@ -49,7 +49,8 @@ PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
 INTERVAL_ENV = "HICACHE_RECONCILE_INTERVAL"
 INTERVAL = float(os.environ.get(INTERVAL_ENV, "30"))
 SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "1"))
-WORKERS = int(os.environ.get("HICACHE_WORKERS", "8"))
+WORKERS_ENV = "HICACHE_WORKERS"
+WORKERS = int(os.environ.get(WORKERS_ENV, "16"))
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 
 log = logging.getLogger("hicache_operator")
@@ -64,6 +65,7 @@ class Controller:
         self.kube: Kube | None = None
         self.nodes: NodeCache | None = None
         self.pod_index: kopf.Index | None = None
+        self.slice_index: kopf.Index | None = None
         self.known: dict[Key, float] = {}  # deployment -> when its next resync is due (monotonic)
         self._known_guard = threading.Lock()
         self.swapping: set[Key] = set()  # deployments whose last status has a swap in flight
@@ -71,7 +73,7 @@ class Controller:
         self._started = False
         self._start_guard = threading.Lock()
 
-    def start(self, pod_index: kopf.Index) -> None:
+    def start(self, pod_index: kopf.Index, slice_index: kopf.Index) -> None:
         """Start the threads on the first handler call: by then kopf has filled its indexes, and
         the context holds kopf's Event poster, so ``kopf.event`` works from the worker threads."""
         with self._start_guard:
@@ -79,6 +81,7 @@ class Controller:
                 return
             self._started = True
             self.pod_index = pod_index
+            self.slice_index = slice_index
             loops = [self._worker] * WORKERS + [self._resync_loop, self._swap_poll_loop]
             for i, target in enumerate(loops):
                 threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True,
@@ -92,6 +95,15 @@ class Controller:
         """The deployment's pods as the watch last saw them (copies: a reconcile edits its own)."""
         assert self.pod_index is not None
         return copy.deepcopy(list(self.pod_index.get(key, [])))
+
+    def endpoints(self, namespace: str, service: str) -> dict[str, bool]:
+        """Pod IP -> ready, over the Service's EndpointSlices as the watch last saw them."""
+        assert self.slice_index is not None
+        out: dict[str, bool] = {}
+        for readiness in list(self.slice_index.get((namespace, service), [])):
+            for ip, ready in readiness.items():
+                out[ip] = out.get(ip, False) or ready
+        return out
 
     def nodes_changed(self) -> None:
         """A node changed in a way sizing sees: re-check every deployment ("no longer fits")."""
@@ -167,7 +179,7 @@ def process_backed() -> bool:
 
 def _kube() -> Kube:
     if controller.kube is None:
-        load_config()
+        load_config(connections=WORKERS + 4)  # workers, plus the node watch and swap steps' gate patches
         controller.kube = Kube(memo_seconds=INTERVAL)
     return controller.kube
 
@@ -220,15 +232,19 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
         post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
         result = reconcile(_kube(), raw, _nodes(), apply=request.apply, now=now(), process_backed=process_backed(),
                            post_findings=post_findings,
-                           cached_pods=None if swap.pending(previous) else ctl.cached_pods(key))
+                           cached_pods=ctl.cached_pods(key))
         spec = result.plan.outcome.spec
         if result.plan.outcome.ok and spec is not None and (result.pods or swap.pending(previous)) and (
                 request.trigger == "resync" or swap.needed(previous, spec, result.pods)):
-            _swap_step(raw, result)
+            requeue = _swap_step(ctl, raw, result)
+        else:
+            requeue = None
         status = {**previous, **result.status}
         if status != previous:
             _kube().replace_deployment_status(namespace, name, status)
         _track_swap(ctl, key, status)
+        if requeue is not None and requeue < SWAP_POLL:  # the swap poll covers the rest
+            ctl.queue.add_after(key, Request("swap", urgent=True), requeue)
     outcome = result.plan.outcome
     if post_findings:
         for f in outcome.findings:
@@ -249,9 +265,16 @@ def _track_swap(ctl: Controller, key: Key, status: dict | None) -> None:
         ctl.swapping.discard(key)
 
 
-def _swap_step(raw: dict, result: Result) -> None:
+def _swap_step(ctl: Controller, raw: dict, result: Result) -> float | None:
     """One backend-swap step; its state and conditions join the reconcile's status."""
-    step = swap.step(_kube().api, raw, result.plan.outcome.spec, result.pods, now())
+    spec = result.plan.outcome.spec
+    assert spec is not None
+    meta = raw["metadata"]
+    ref = spec.admin_key_secret_ref
+    secret, field = (ref.name, ref.key) if ref else (render.names(meta["name"])["secret"], render.ADMIN_SECRET_KEY)
+    step = swap.step(_kube().api, raw, spec, result.pods, now(),
+                     endpoints=ctl.endpoints(meta["namespace"], render.names(meta["name"])["service"]),
+                     key=_kube().admin_key(meta["namespace"], secret, field))
     result.status["backendSwap"] = step.backend_swap
     generation = int(raw["metadata"].get("generation") or 0)
     before = {c.get("type"): c for c in result.status.get("conditions") or []}
@@ -265,12 +288,13 @@ def _swap_step(raw: dict, result: Result) -> None:
     for ev in step.events:
         metrics.SWAP_EVENTS.labels(ev.reason).inc()
         result.events.append((ev.type, ev.reason, ev.message))
+    return step.requeue_after
 
 
 @kopf.on.event(**RESOURCE)
 async def on_deployment(event: dict, body: kopf.Body, namespace: str, name: str, pod_index: kopf.Index,
-                        **_: Any) -> None:
-    controller.start(pod_index)
+                        slice_index: kopf.Index, **_: Any) -> None:
+    controller.start(pod_index, slice_index)
     key = (namespace, name)
     if event.get("type") == "DELETED":
         controller.untrack(key)
@@ -305,9 +329,15 @@ async def pod_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
     return {(namespace, owner): pod_essence(body)} if owner else {}
 
 
+@kopf.index("discovery.k8s.io", "v1", "endpointslices", labels={labels.MANAGED_BY: labels.MANAGER})
+async def slice_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
+    service = ((body.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name")
+    return {(namespace, service): swap.slice_readiness(body)} if service else {}
+
+
 @kopf.on.event("", "v1", "pods", labels={labels.MANAGED_BY: labels.MANAGER})
-async def on_pod(body: kopf.Body, namespace: str, pod_index: kopf.Index, **_: Any) -> None:
-    controller.start(pod_index)
+async def on_pod(body: kopf.Body, namespace: str, pod_index: kopf.Index, slice_index: kopf.Index, **_: Any) -> None:
+    controller.start(pod_index, slice_index)
     owner = _owner(body)
     if owner:
         key = (namespace, owner)
@@ -315,8 +345,9 @@ async def on_pod(body: kopf.Body, namespace: str, pod_index: kopf.Index, **_: An
 
 
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={labels.MANAGED_BY: labels.MANAGER})
-async def on_endpointslice(body: kopf.Body, namespace: str, pod_index: kopf.Index, **_: Any) -> None:
-    controller.start(pod_index)
+async def on_endpointslice(body: kopf.Body, namespace: str, pod_index: kopf.Index, slice_index: kopf.Index,
+                           **_: Any) -> None:
+    controller.start(pod_index, slice_index)
     owner = _owner(body)
     if owner and (namespace, owner) in controller.swapping:
         controller.enqueue((namespace, owner), Request("endpointslice", urgent=True))

@@ -10,6 +10,7 @@ exception: it is created once and never applied again, so the key is never rotat
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from typing import Any
@@ -30,19 +31,31 @@ _APPLY_PATHS = {
 _APPLY = "application/apply-patch+yaml"
 
 
-def load_config() -> None:
+def plain_json(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """A client call's response as plain JSON: building the client's typed models (and converting
+    them back) costs more CPU than the request itself, which a fleet-sized operator feels."""
+    return json.loads(call(*args, _preload_content=False, **kwargs).data)
+
+
+def load_config(connections: int = 10) -> None:
+    """In-cluster or kubeconfig credentials, with room for ``connections`` concurrent requests
+    (the client's default pool is 5 per CPU; a worker beyond it would open and drop a TLS
+    connection per request)."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, connections)
+    client.Configuration.set_default(cfg)
 
 
 class Kube:
     """Thin wrapper so handlers read as steps; every method is at most one API call.
 
-    Two reads are remembered, because at fleet scale every pod event would repeat them: that an
-    admin Secret exists (for ``memo_seconds``, so a deleted one is noticed within that period),
-    and the restart hash of the pod template of each StatefulSet we applied (we are its only
+    Some reads are remembered, because at fleet scale every pod event would repeat them: that an
+    admin Secret exists and the key in it (for ``memo_seconds``, so a deleted or rotated one is
+    noticed within that period), and the restart hash of the pod template of each StatefulSet we applied (we are its only
     writer; after a restart of the operator it is read once)."""
 
     def __init__(self, api_client: client.ApiClient | None = None, *, memo_seconds: float = 0.0) -> None:
@@ -50,6 +63,7 @@ class Kube:
         self.memo_seconds = memo_seconds
         self._secrets_seen: dict[tuple[str, str], float] = {}
         self._template_hashes: dict[tuple[str, str], str | None] = {}
+        self._admin_keys: dict[tuple[str, str, str], tuple[float, str | None]] = {}
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
         self.policy = client.PolicyV1Api(self.api)
@@ -58,11 +72,6 @@ class Kube:
     def to_dict(self, obj: Any) -> dict:
         return self.api.sanitize_for_serialization(obj)
 
-    @staticmethod
-    def _json(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The response as plain JSON: building the client's typed models and converting them
-        back costs more CPU than the request itself, which a fleet-sized operator feels."""
-        return json.loads(call(*args, _preload_content=False, **kwargs).data)
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply of one rendered child (created if absent); returns the live object.
@@ -90,7 +99,7 @@ class Kube:
     def create_secret(self, obj: dict[str, Any]) -> dict[str, Any]:
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         try:
-            created = self._json(self.core.create_namespaced_secret, key[0], obj)
+            created = plain_json(self.core.create_namespaced_secret, key[0], obj)
         except ApiException as exc:
             if exc.status != 409:  # 409: someone created it meanwhile; theirs stands
                 raise
@@ -115,6 +124,22 @@ class Kube:
         self._secrets_seen[(namespace, name)] = time.monotonic()
         return True
 
+    def admin_key(self, namespace: str, secret: str, field: str) -> str | None:
+        """The admin API key in the Secret (None: no Secret or no such key), remembered for
+        ``memo_seconds``: every swap step needs it."""
+        memo = self._admin_keys.get((namespace, secret, field))
+        if memo is not None and time.monotonic() - memo[0] < self.memo_seconds:
+            return memo[1]
+        try:
+            data = plain_json(self.core.read_namespaced_secret, secret, namespace).get("data") or {}
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        value = base64.b64decode(data[field]).decode() if data.get(field) else None
+        self._admin_keys[(namespace, secret, field)] = (time.monotonic(), value)
+        return value
+
     def _seen_recently(self, key: tuple[str, str]) -> bool:
         seen = self._secrets_seen.get(key)
         return seen is not None and time.monotonic() - seen < self.memo_seconds
@@ -125,7 +150,7 @@ class Kube:
         if key not in self._template_hashes:
             try:
                 self._template_hashes[key] = _template_hash(
-                    self._json(self.apps.read_namespaced_stateful_set, name, namespace))
+                    plain_json(self.apps.read_namespaced_stateful_set, name, namespace))
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -138,7 +163,7 @@ class Kube:
 
     def pods(self, namespace: str, deployment: str) -> list[dict[str, Any]]:
         sel = f"{labels.selector_string(deployment)},{labels.DEPLOYMENT}={deployment}"
-        return self._json(self.core.list_namespaced_pod, namespace, label_selector=sel).get("items") or []
+        return plain_json(self.core.list_namespaced_pod, namespace, label_selector=sel).get("items") or []
 
     def delete_pod(self, namespace: str, name: str) -> None:
         try:
@@ -149,7 +174,7 @@ class Kube:
 
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._json(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+            return plain_json(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
                 return None

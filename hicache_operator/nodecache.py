@@ -19,6 +19,8 @@ from typing import Any, Callable
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from hicache_operator.sizing import Nodes
+
 PAGE = 500
 WATCH_SECONDS = 240
 log = logging.getLogger("hicache_operator.nodes")
@@ -38,6 +40,7 @@ class NodeCache:
         self._on_change = on_change
         self._stop = stop
         self._nodes: dict[str, dict[str, Any]] = {}
+        self._version = 0  # bumped on every change (sizing remembers eligibility per version)
         self._synced = threading.Event()
 
     def start(self) -> None:
@@ -46,8 +49,9 @@ class NodeCache:
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
 
-    def nodes(self) -> list[dict[str, Any]]:
-        return list(self._nodes.values())
+    def nodes(self) -> Nodes:
+        version = self._version  # read first: a change racing this call gets a newer version
+        return Nodes(list(self._nodes.values()), version=(id(self), version))
 
     def _run(self) -> None:
         resource_version: str | None = None
@@ -82,6 +86,7 @@ class NodeCache:
                 break
         changed = fresh != self._nodes
         self._nodes = fresh
+        self._version += 1
         if self._synced.is_set() and changed:
             self._on_change()
         if not self._synced.is_set():
@@ -108,6 +113,7 @@ class NodeCache:
                 self._nodes.pop(name, None)
             else:
                 self._nodes[name] = essence
+            self._version += 1
             self._on_change()
             if self._stop.is_set():
                 break

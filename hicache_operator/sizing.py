@@ -142,7 +142,36 @@ def why_ineligible(spec: HiCacheDeploymentSpec, node: NodeInfo) -> str | None:
     return None
 
 
+class Nodes(list):
+    """A node list with a version: lists of equal version hold equal nodes, so eligibility,
+    which a fleet-sized operator would otherwise recompute over thousands of nodes on every
+    reconcile, is remembered per version and placement (``eligible_nodes``)."""
+
+    def __init__(self, items: list[dict], version: Any) -> None:
+        super().__init__(items)
+        self.version = version
+
+
+_ELIGIBLE_MEMO: dict[tuple, tuple[list[NodeInfo], dict[str, str]]] = {}
+_ELIGIBLE_MEMO_SIZE = 256
+
+
 def eligible_nodes(spec: HiCacheDeploymentSpec, nodes: list[dict]) -> tuple[list[NodeInfo], dict[str, str]]:
+    """The nodes a pod of ``spec`` may land on, and why each other one may not (callers must not
+    mutate the result: it may be shared)."""
+    version = getattr(nodes, "version", None)
+    if version is None:
+        return _eligible_nodes(spec, nodes)
+    key = (version, json.dumps([spec.node_selector, spec.affinity, spec.tolerations, spec.ranks_per_pod],
+                               sort_keys=True, default=str))
+    if key not in _ELIGIBLE_MEMO:
+        if len(_ELIGIBLE_MEMO) >= _ELIGIBLE_MEMO_SIZE:
+            _ELIGIBLE_MEMO.clear()
+        _ELIGIBLE_MEMO[key] = _eligible_nodes(spec, nodes)
+    return _ELIGIBLE_MEMO[key]
+
+
+def _eligible_nodes(spec: HiCacheDeploymentSpec, nodes: list[dict]) -> tuple[list[NodeInfo], dict[str, str]]:
     eligible, excluded = [], {}
     for raw in nodes:
         info = node_info(raw)

@@ -17,17 +17,18 @@ both engines (SGLang has no drain switch) and is exactly what a real kubelet hon
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from hicache_operator import labels, metrics, render
 from hicache_operator.flags import RUNTIME_PORT
+from hicache_operator.kube import plain_json
 from hicache_operator.rollout import (
     ActionOutcome,
     Attach,
@@ -41,10 +42,13 @@ from hicache_operator.rollout import (
     plan_step,
     storage_fingerprint,
 )
-from hicache_operator.rollout.runtime_client import RuntimeClient
+from hicache_operator.rollout.runtime_client import RuntimeClient, shared_client
+from hicache_operator.rollout.view_cache import CachedView, ViewCache
 from hicache_operator.spec import HiCacheDeploymentSpec
 
-ADMIN_KEY_FIELD = "admin-api-key"
+log = logging.getLogger(__name__)
+AFTER_ACTIONS_SECONDS = 0.05
+VIEWS = ViewCache()  # recent runtime reads of settled pods, per deployment
 
 
 @dataclass
@@ -55,26 +59,14 @@ class SwapStep:
     requeue_after: float | None = None
 
 
-def admin_key(core: client.CoreV1Api, namespace: str, secret_name: str) -> str | None:
-    try:
-        data = core.read_namespaced_secret(secret_name, namespace).data or {}
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    raw = data.get(ADMIN_KEY_FIELD)
-    return base64.b64decode(raw).decode() if raw else None
-
-
-def endpoint_readiness(discovery: client.DiscoveryV1Api, namespace: str, service: str) -> dict[str, bool]:
-    """Pod IP -> the `ready` condition of its endpoint in the Service's EndpointSlices."""
+def slice_readiness(endpoint_slice: dict[str, Any]) -> dict[str, bool]:
+    """Pod IP -> the `ready` condition of its endpoint in one EndpointSlice (the operator keeps
+    these per slice from its watch; a Service's view is their union, ready if any says so)."""
     out: dict[str, bool] = {}
-    slices = discovery.list_namespaced_endpoint_slice(namespace, label_selector=f"kubernetes.io/service-name={service}")
-    for s in slices.items:
-        for ep in s.endpoints or []:
-            ready = bool(ep.conditions and ep.conditions.ready)
-            for addr in ep.addresses or []:
-                out[addr] = out.get(addr, False) or ready
+    for ep in endpoint_slice.get("endpoints") or []:
+        ready = bool((ep.get("conditions") or {}).get("ready"))
+        for addr in ep.get("addresses") or []:
+            out[addr] = out.get(addr, False) or ready
     return out
 
 
@@ -89,39 +81,54 @@ def _parse_time(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
-async def _observe(pods: list[dict], endpoints: dict[str, bool], key: str | None,
-                   observed_at: dt.datetime) -> list[PodObservation]:
+async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[dict], endpoints: dict[str, bool],
+                   records: set[str], key: str | None) -> list[PodObservation]:
+    """Each pod as seen now: gate and endpoint from the lists just made, runtime from a GET made
+    now, or, for a settled pod (no record, gate True, endpoint ready), its recent read (see
+    ``rollout.view_cache``)."""
+    now = dt.datetime.now(dt.timezone.utc)
+    kept: list[CachedView] = []
+
     async def one(pod: dict) -> PodObservation:
         meta, status = pod["metadata"], pod.get("status") or {}
-        ip = status.get("podIP")
+        ip, gate = status.get("podIP"), _gate(pod)
+        endpoint_ready = endpoints.get(ip) if ip else None
         fields: dict[str, Any] = {"runtime_error": "pod has no IP yet"}
+        observed_at = now
         if ip:
-            async with RuntimeClient(f"http://{ip}:{RUNTIME_PORT}", key, timeout=3.0) as rc:
-                fields = (await rc.observe()).observation_fields()
+            settled = meta["name"] not in records and gate is True and endpoint_ready is True
+            cached = VIEWS.reusable(fleet, meta["uid"], ip, now) if settled else None
+            if cached is None:
+                view = await RuntimeClient(f"http://{ip}:{RUNTIME_PORT}", key, timeout=3.0, http=http).observe()
+                cached = CachedView(meta["uid"], ip, now, view)
+            kept.append(cached)
+            fields, observed_at = cached.view.observation_fields(), cached.observed_at
         return PodObservation(name=meta["name"], uid=meta["uid"], phase=status.get("phase") or "Pending",
                               deletion_timestamp=_parse_time(meta.get("deletionTimestamp")),
-                              serving_gate=_gate(pod), endpoint_ready=endpoints.get(ip) if ip else None,
-                              observed_at=observed_at, **fields)
-    return list(await asyncio.gather(*(one(p) for p in pods)))
+                              serving_gate=gate, endpoint_ready=endpoint_ready, observed_at=observed_at, **fields)
+    observations = list(await asyncio.gather(*(one(p) for p in pods)))
+    VIEWS.replace(fleet, kept)
+    return observations
 
 
 def _set_gate(core: client.CoreV1Api, namespace: str, action: SetServingGate, target_hash: str,
               target_backend: str, target_fp: str, now: str) -> None:
     if action.serving and action.runs is not None:
         on_target = storage_fingerprint(action.runs) == target_fp
-        core.patch_namespaced_pod(action.pod, namespace, {"metadata": {"uid": action.uid, "annotations": {
+        plain_json(core.patch_namespaced_pod, action.pod, namespace, {"metadata": {"uid": action.uid, "annotations": {
             labels.STORAGE_HASH: target_hash if on_target else storage_fingerprint(action.runs),
             labels.STORAGE_BACKEND: target_backend if on_target else (action.runs.get("backend") or "none")}}})
     reason, message = ("Serving", "admitted by the operator") if action.serving else \
         ("BackendSwap", "taken out of serving to swap the L3 storage backend")
-    core.patch_namespaced_pod_status(action.pod, namespace, {
+    plain_json(core.patch_namespaced_pod_status, action.pod, namespace, {
         "metadata": {"uid": action.uid},  # precondition: never touch a replacement pod of the same name
         "status": {"conditions": [{"type": labels.SERVING_CONDITION, "status": "True" if action.serving else "False",
                                    "reason": reason, "message": message, "lastTransitionTime": now}]}})
 
 
-async def _execute(core: client.CoreV1Api, namespace: str, actions: list, ips: dict[str, str], key: str | None,
-                   target_hash: str, target_backend: str, target_fp: str, now: str) -> list[ActionOutcome]:
+async def _execute(http: httpx.AsyncClient, core: client.CoreV1Api, namespace: str, actions: list,
+                   ips: dict[str, str], key: str | None, target_hash: str, target_backend: str, target_fp: str,
+                   now: str) -> list[ActionOutcome]:
     async def one(action) -> ActionOutcome:
         kind = type(action).__name__
         try:
@@ -131,11 +138,11 @@ async def _execute(core: client.CoreV1Api, namespace: str, actions: list, ips: d
                 ip = ips.get(action.pod)
                 if not ip:
                     raise RuntimeError(f"pod {action.pod} has no IP")
-                async with RuntimeClient(f"http://{ip}:{RUNTIME_PORT}", key, timeout=30.0) as rc:
-                    if isinstance(action, Detach):
-                        await rc.detach()
-                    elif isinstance(action, Attach):
-                        await rc.attach(action.payload)
+                rc = RuntimeClient(f"http://{ip}:{RUNTIME_PORT}", key, timeout=30.0, http=http)
+                if isinstance(action, Detach):
+                    await rc.detach()
+                elif isinstance(action, Attach):
+                    await rc.attach(action.payload)
             metrics.SWAP_ACTIONS.labels(kind, "ok").inc()
             return ActionOutcome(action)
         except Exception as exc:  # every failure is reported to the planner, never raised
@@ -144,29 +151,46 @@ async def _execute(core: client.CoreV1Api, namespace: str, actions: list, ips: d
     return list(await asyncio.gather(*(one(a) for a in actions)))
 
 
-def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: list[dict], now: str) -> SwapStep:
-    """One observe -> plan -> act pass for one HiCacheDeployment; returns what to persist."""
-    t0 = time.monotonic()
+def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: list[dict], now: str, *,
+         endpoints: dict[str, bool], key: str | None) -> SwapStep:
+    """One observe -> plan -> act pass for one HiCacheDeployment; returns what to persist.
+    ``pods`` and ``endpoints`` (pod IP -> ready in the client Service's EndpointSlices) as the
+    operator's watches see them; ``key``: the admin API key."""
+    t0, wall0 = time.monotonic(), time.time()
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
-    core, discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
-    secret = spec.admin_key_secret_ref.name if spec.admin_key_secret_ref else render.names(name)["secret"]
-    key = admin_key(core, ns, secret)
-    endpoints = endpoint_readiness(discovery, ns, render.names(name)["service"])
-    observed_at = dt.datetime.now(dt.timezone.utc)
-    observations = asyncio.run(_observe(pods, endpoints, key, observed_at))
+    core = client.CoreV1Api(api)
     target = render.storage_config(spec)
     settings = RolloutSettings(max_unavailable=spec.rollout.max_unavailable,
                                drain_timeout_seconds=spec.rollout.drain_timeout_seconds,
                                desired_replicas=spec.replicas, poll_seconds=2.0)
-    plan = plan_step(target, observations, settings, (body.get("status") or {}).get("backendSwap"),
-                     dt.datetime.now(dt.timezone.utc))
     ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in pods}
-    outcomes = asyncio.run(_execute(core, ns, plan.actions, ips, key, render.storage_hash(spec),
-                                    spec.hicache.storage.backend, storage_fingerprint(target), now))
+    swap_state = (body.get("status") or {}).get("backendSwap")
+    recorded = swap_state.get("pods") if isinstance(swap_state, dict) else None
+    records = set(recorded) if isinstance(recorded, dict) else set()  # unreadable: the planner says so
+    timings: dict[str, float] = {}
+
+    async def observe_plan_act() -> tuple[Any, list[ActionOutcome]]:
+        async with shared_client() as http:
+            observations = await _observe(http, (ns, name), pods, endpoints, records, key)
+            timings["observe"] = time.monotonic()
+            plan = plan_step(target, observations, settings, swap_state, dt.datetime.now(dt.timezone.utc))
+            outcomes = await _execute(http, core, ns, plan.actions, ips, key, render.storage_hash(spec),
+                                      spec.hicache.storage.backend, storage_fingerprint(target), now)
+            return plan, outcomes
+
+    plan, outcomes = asyncio.run(observe_plan_act())
     state = apply_outcomes(plan.state, outcomes)
-    metrics.SWAP_STEP_SECONDS.observe(time.monotonic() - t0)
-    return SwapStep(state.to_status(), plan.conditions, plan.events, plan.requeue_after)
+    t_end = time.monotonic()
+    metrics.SWAP_STEP_SECONDS.observe(t_end - t0)
+    log.info("swap step %s/%s at=%.3f observe=%.3f plan+act=%.3f actions=%s", ns, name, wall0,
+             timings["observe"] - t0, t_end - timings["observe"],
+             ",".join(f"{type(a).__name__}:{a.pod}{':' + str(a.serving) if isinstance(a, SetServingGate) else ''}"
+                      for a in plan.actions) or "-")
+    # After acting, look again at once (an attach is verified by the next step; nothing in
+    # Kubernetes changes to trigger it); otherwise when the planner says.
+    requeue = AFTER_ACTIONS_SECONDS if plan.actions and plan.requeue_after is not None else plan.requeue_after
+    return SwapStep(state.to_status(), plan.conditions, plan.events, requeue)
 
 
 def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict]) -> bool:

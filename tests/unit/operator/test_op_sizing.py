@@ -103,3 +103,16 @@ def test_storage_changes_do_not_change_the_sizing_inputs():
     a = spec(hicache={"storage": {"backend": "file"}})
     b = spec(hicache={"storage": {"backend": "none"}})
     assert sizing.inputs_hash(a) == sizing.inputs_hash(b)
+
+
+def test_eligibility_is_remembered_per_node_version_and_placement():
+    nodes = [gpu_node("big", "2Ti"), gpu_node("small", "512Gi"), gpu_node("cpu", gpus=0)]
+    plain = HiCacheDeploymentSpec.model_validate({"image": "i"})
+    pinned = HiCacheDeploymentSpec.model_validate({"image": "i", "nodeSelector": {"kubernetes.io/hostname": "big"}})
+    v1 = sizing.Nodes(nodes, version="v1")
+    assert sizing.eligible_nodes(plain, v1) == sizing.eligible_nodes(plain, nodes)
+    assert sizing.eligible_nodes(plain, v1) is sizing.eligible_nodes(plain, sizing.Nodes(nodes, version="v1"))
+    assert [n.name for n in sizing.eligible_nodes(pinned, v1)[0]] == ["big"]  # placement is part of the key
+    # a new version is recomputed: "small" shrank, so the smallest eligible node changes
+    v2 = sizing.Nodes([gpu_node("big", "2Ti"), gpu_node("small", "256Gi"), gpu_node("cpu", gpus=0)], version="v2")
+    assert min(n.memory for n in sizing.eligible_nodes(plain, v2)[0]) == 256 * 2**30

@@ -24,6 +24,7 @@ from hicache_operator.rollout.runtime_client import (
     RuntimeClient,
     Unauthorized,
     Unreachable,
+    shared_client,
 )
 
 KEY = "s3cret-admin"
@@ -255,3 +256,14 @@ def test_a_runtime_slower_than_the_timeout_is_unreachable(admin):
     admin.delay = 1.0
     with pytest.raises(Unreachable, match="Timeout"):
         call(admin.url, "load", timeout=0.2)
+
+
+def test_clients_on_a_shared_pool_leave_it_open_for_the_next_pod(admin):
+    async def go():
+        async with shared_client() as http:
+            for _ in range(2):
+                async with RuntimeClient(admin.url, KEY, timeout=2.0, http=http) as client:
+                    assert await client.load() == Load(in_flight=5, queued=1)
+            assert not http.is_closed
+        return http.is_closed
+    assert asyncio.run(go()) is True
