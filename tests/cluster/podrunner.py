@@ -17,6 +17,15 @@ rewritten to it, since pods share this machine's filesystem. The token volume be
 a kubeconfig (env KUBECONFIG) for the pod's own ServiceAccount, so in-cluster clients
 such as the operator run with exactly the RBAC the chart gives them.
 
+With HICACHE_PODRUNNER_ZYGOTE=1 (bench/swap.py sets it for its 64-pod fleets), pods whose
+command is `python -m cache_runtime ...` are forked from a zygote: a process that
+has already imported torch (and nothing of the pod) forks, and the child becomes the container
+process (own pid, session, environment, working directory, log), running the module as
+`python -m` would. Importing torch leaves ~270 MB of initialised state per process that is
+never written again; forked children share it copy-on-write, so a 64-pod fleet fits in the
+memory that 24 separately started runtimes took. Any other command is started with exec. Not
+yet the default: the e2e suite has not been run with it enough to trust it there.
+
 Run: python -m tests.cluster.podrunner --kubeconfig K --workdir D --cidr 10.244.128.0/17
 """
 from __future__ import annotations
@@ -24,15 +33,23 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as dt
+import gc
+import importlib
 import ipaddress
+import json
 import logging
 import os
+import random
 import re
+import runpy
+import select
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import httpx
@@ -45,6 +62,8 @@ from . import netns
 ANNOTATION = "hicache.dev/process-backed"
 TICK = 0.25  # seconds between looks at a pod's process
 PROBE_CAP = 1.0  # readiness/startup probes run at least this often, whatever periodSeconds says
+ZYGOTE_ENV = "HICACHE_PODRUNNER_ZYGOTE"  # "1": fork runtimes from a zygote (see the module docstring)
+ZYGOTE_MODULES = {"cache_runtime": ("torch",)}  # module run with -m -> what its zygote imports first
 log = logging.getLogger("podrunner")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
 
@@ -109,6 +128,7 @@ class PodWorker(threading.Thread):
         self.ready = False
         self.started_at = now()
         self.stop_event = threading.Event()
+        self.wake = threading.Event()  # the pod object changed: look again now, not at the next tick
         self.last_status: tuple | None = None
         self.liveness_failures = 0
         self.readiness = {"ok": 0, "fail": 0}
@@ -217,9 +237,14 @@ class PodWorker(threading.Thread):
         logf = open(self.dir / "container.log", "ab")
         logf.write(f"--- start {now()} (restart {self.restarts}): {argv}\n".encode())
         logf.flush()
-        self.proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        logf.close()
+        zygote = self.runner.zygote_for(argv, env)
+        if zygote is not None:
+            logf.close()
+            self.proc = zygote.spawn(argv, env, self.dir, self.dir / "container.log")
+        else:
+            self.proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=logf, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            logf.close()
         self.started_at = now()
         self.process_started = time.monotonic()
         self.started = False
@@ -310,6 +335,7 @@ class PodWorker(threading.Thread):
         rp, lp, sp = c.get("readinessProbe"), c.get("livenessProbe"), c.get("startupProbe")
         backoff = 1.0
         while not self.stop_event.is_set():
+            self.wake.clear()
             code = self.proc.poll()
             if code is not None:
                 self.ready = False
@@ -322,7 +348,7 @@ class PodWorker(threading.Thread):
                 continue
             self._run_probes(rp, lp, sp)
             self._patch_status(self.ready, True)
-            self.stop_event.wait(TICK)
+            self.wake.wait(TICK)
         self._cleanup()
 
     def _due(self, name: str, probe: dict, fast: bool) -> bool:
@@ -388,6 +414,159 @@ class PodWorker(threading.Thread):
         log.info("stopped %s/%s", self.ns, self.name)
 
 
+def _python_settings(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith("PYTHON")}
+
+
+class ForkedProcess:
+    """What PodWorker needs of a Popen, for a process the zygote forked (not our child)."""
+
+    def __init__(self, zygote: "Zygote", pid: int):
+        self.zygote, self.pid = zygote, pid
+
+    def poll(self) -> int | None:
+        return self.zygote.exit_code(self.pid)
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.zygote.cond:
+            if not self.zygote.cond.wait_for(lambda: self.poll() is not None, timeout):
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        code = self.poll()
+        assert code is not None
+        return code
+
+
+class Zygote:
+    """Client side: one `--zygote` process per preload set, driven over its stdin/stdout
+    (one JSON object a line: spawn requests in; pids and exit codes out)."""
+
+    def __init__(self, preload: tuple[str, ...], env: dict[str, str]):
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.cluster.podrunner", "--zygote", ",".join(preload)],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self.cond = threading.Condition()
+        self.pids: dict[int, int] = {}  # request id -> pid
+        self.exits: dict[int, int] = {}  # pid -> exit code
+        self.next_id = 0
+        self.send_lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True, name="zygote-reader").start()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.cond:
+                if "exit" in msg:
+                    self.exits[msg["exit"]] = msg["code"]
+                else:
+                    self.pids[msg["id"]] = msg["pid"]
+                self.cond.notify_all()
+        with self.cond:  # the zygote died: its children were reparented and can no longer be reaped by it
+            self.cond.notify_all()
+
+    def exit_code(self, pid: int) -> int | None:
+        with self.cond:
+            if pid in self.exits:
+                return self.exits[pid]
+        if not self.alive() and not os.path.exists(f"/proc/{pid}"):
+            return -1
+        return None
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
+        assert self.proc.stdin is not None
+        with self.send_lock:
+            self.next_id += 1
+            rid = self.next_id
+            req = {"id": rid, "module": argv[2], "args": argv[3:], "env": env, "cwd": str(cwd), "log": str(log_path)}
+            self.proc.stdin.write(json.dumps(req).encode() + b"\n")
+            self.proc.stdin.flush()
+        with self.cond:
+            if not self.cond.wait_for(lambda: rid in self.pids or not self.alive(), timeout=60):
+                raise RuntimeError("zygote did not answer")
+            if rid not in self.pids:
+                raise RuntimeError("zygote died")
+            return ForkedProcess(self, self.pids.pop(rid))
+
+
+def zygote_main(preload: list[str]) -> None:
+    """Server side: import ``preload``, then fork one child per request and report exits.
+    Single-threaded, so forking is safe; gc.freeze keeps the collector from touching (and
+    so un-sharing) the preloaded objects' pages."""
+    for module in preload:
+        importlib.import_module(module)
+    gc.collect()
+    gc.freeze()
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    pending = b""
+    while True:
+        try:
+            ready, _, _ = select.select([0, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            out.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+        if 0 in ready:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                return  # the podrunner is gone
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                req = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    out.close()
+                    _zygote_child(req)  # does not return
+                out.write(json.dumps({"id": req["id"], "pid": pid}).encode() + b"\n")
+
+
+def _zygote_child(req: dict) -> None:
+    """Become the container process: what exec'ing `python -m MODULE ARGS` would have given."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    log_fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.close(null_fd)
+    with open("/proc/self/comm", "w") as comm:  # what ps and top show (the command line stays the zygote's)
+        comm.write(req["module"][:15])
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    random.seed()  # a new interpreter seeds from os.urandom; the zygote's state is shared
+    sys.argv = [req["module"], *req["args"]]
+    sys.path[0] = req["cwd"]  # as `python -m` puts the working directory first
+    code: object = 0
+    try:
+        runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.exit(code)
+
+
 class Runner:
     def __init__(self, kubeconfig: str, workdir: Path, cidr: str, apiserver_port: int):
         api = config.new_client_from_config(config_file=kubeconfig)
@@ -400,6 +579,28 @@ class Runner:
         self.workers: dict[str, PodWorker] = {}
         self.node_ips: dict[str, str] = {}
         self.base_env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+        self.zygotes: dict[str, Zygote] = {}
+        self.zygote_lock = threading.Lock()
+
+    def zygote_for(self, argv: list[str], env: dict[str, str]) -> "Zygote | None":
+        """The zygote that can stand in for exec'ing ``argv``: `python -m M ...` with M in
+        ZYGOTE_MODULES, `python` being this interpreter, and the interpreter's own settings
+        (PYTHON* variables) the same as the zygote's, since they took effect when it started."""
+        if os.environ.get(ZYGOTE_ENV) != "1":
+            return None
+        if len(argv) < 3 or argv[1] != "-m" or argv[2] not in ZYGOTE_MODULES:
+            return None
+        exe = shutil.which(argv[0], path=env.get("PATH"))
+        if exe is None or os.path.dirname(os.path.abspath(exe)) != os.path.dirname(os.path.abspath(sys.executable)) \
+                or os.path.realpath(exe) != os.path.realpath(sys.executable):
+            return None  # another interpreter or virtual environment
+        if _python_settings(env) != _python_settings(self.base_env):
+            return None
+        with self.zygote_lock:
+            z = self.zygotes.get(argv[2])
+            if z is None or not z.alive():
+                z = self.zygotes[argv[2]] = Zygote(ZYGOTE_MODULES[argv[2]], self.base_env)
+            return z
 
     def node_ip(self, pod: dict) -> str:
         node = pod["spec"]["nodeName"]
@@ -418,6 +619,7 @@ class Runner:
             if w:
                 w.pod = pod
                 w.stop_event.set()
+                w.wake.set()
                 self.workers.pop(uid, None)
             elif kind != "DELETED":
                 # deleted before we started it (or by a previous runner): finish the deletion
@@ -431,9 +633,10 @@ class Runner:
             w = self.workers[uid] = PodWorker(self, pod)
             w.start()
         else:
+            # A readiness-gate change must reach Ready at once, as on a kubelet; the worker
+            # patches (in parallel with the other pods' workers, not one by one in this thread).
             w.pod = pod
-            if w.proc is not None:
-                w._patch_status(w.ready, w.proc.poll() is None)
+            w.wake.set()
 
     def run(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -473,11 +676,17 @@ class Runner:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kubeconfig", required=True)
-    ap.add_argument("--workdir", required=True, type=Path)
-    ap.add_argument("--cidr", required=True)
-    ap.add_argument("--apiserver-port", required=True, type=int)
+    ap.add_argument("--zygote", metavar="MODULES", help="(internal) be a zygote preloading these modules")
+    ap.add_argument("--kubeconfig")
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--cidr")
+    ap.add_argument("--apiserver-port", type=int)
     args = ap.parse_args()
+    if args.zygote is not None:
+        zygote_main([m for m in args.zygote.split(",") if m])
+        return
+    if None in (args.kubeconfig, args.workdir, args.cidr, args.apiserver_port):
+        ap.error("--kubeconfig, --workdir, --cidr and --apiserver-port are required")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     runner = Runner(args.kubeconfig, args.workdir, args.cidr, args.apiserver_port)
