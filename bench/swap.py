@@ -4,9 +4,11 @@ For each (pods, maxUnavailable) it starts a fleet of small bundled runtimes on t
 control plane, runs a gateway-style load client (routes only to ready endpoints, retries
 nothing), swaps the L3 backend none -> file, and measures in the same run:
   - wall time of the swap (patch -> every pod on the target and serving),
-  - per-pod drain time: median time a pod spends out of serving (gate False -> Ready again),
-  - ratio = wall / (steps x per-pod time), steps = ceil(pods / maxUnavailable): 1.0 means the
-    rollout adds nothing on top of the pods' own swap procedure,
+  - per-pod time: the mean duration of one pod's swap procedure as the issue defines it, from
+    taking it out of serving (gate False) until its endpoint is ready again,
+  - ratio = wall / (steps x per-pod time), steps = ceil(pods / maxUnavailable): with the mean,
+    steps x per-pod time is the wall a rollout would take if it kept maxUnavailable pods in
+    their procedures at every moment, so 1.0 means it adds nothing between and around them,
   - failed requests (goal: 0).
 
   python bench/swap.py --pods 16,64 --max-unavailable 1,8 --json-out bench/results/swap.json
@@ -42,8 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 class Timeline:
     """Wall-clock transitions seen by watches: each pod's serving gate and Ready condition, and
-    its endpoint's ``ready`` in the Service's EndpointSlices. Per-pod out-of-serving time is
-    gate False -> Ready again; the rest tells where a step's time goes (``--timeline``)."""
+    its endpoint's ``ready`` in the Service's EndpointSlices. A pod's procedure runs from gate
+    False to its endpoint ready again; the rest tells where a step's time goes (``--timeline``)."""
 
     def __init__(self, cluster, ns: str, name: str):
         self.cluster, self.ns, self.name = cluster, ns, name
@@ -61,61 +63,65 @@ class Timeline:
                 self.events.append((t, pod, f"{kind}={value}"))
             self.last[(pod, kind)] = value
 
-    def _pods(self) -> None:
-        from kubernetes import client, watch
-        core = client.CoreV1Api(self.cluster.api_client())
+    def _stream(self, list_call, selector: str, on_object) -> None:
+        """Watch from the last version seen, so no transition is lost between two watch
+        requests (a fresh listing would only show each object's state at that moment)."""
+        from kubernetes import watch
+        version = None
         while not self.stop_event.is_set():
             try:
-                for ev in watch.Watch().stream(core.list_namespaced_pod, self.ns, timeout_seconds=5,
-                                               label_selector=f"app.kubernetes.io/instance={self.name}"):
-                    t, p = time.time(), ev["object"]
-                    conds = {c.type: c.status for c in (p.status.conditions or [])}
-                    if p.status.pod_ip:
-                        self.ip_pod[p.status.pod_ip] = p.metadata.name
-                    self._note(p.metadata.name, "gate", conds.get("hicache.dev/serving"), t)
-                    self._note(p.metadata.name, "ready", conds.get("Ready"), t)
+                for ev in watch.Watch().stream(list_call, self.ns, label_selector=selector, timeout_seconds=30,
+                                               resource_version=version, allow_watch_bookmarks=True,
+                                               deserialize=False):
+                    obj = ev["object"]
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        on_object(time.time(), obj)
                     if self.stop_event.is_set():
                         return
-            except Exception:
+            except Exception:  # e.g. 410 Gone: start over from a listing
+                version = None
                 time.sleep(0.2)
 
-    def _slices(self) -> None:
-        from kubernetes import client, watch
-        disc = client.DiscoveryV1Api(self.cluster.api_client())
-        while not self.stop_event.is_set():
-            try:
-                for ev in watch.Watch().stream(disc.list_namespaced_endpoint_slice, self.ns, timeout_seconds=5,
-                                               label_selector=f"kubernetes.io/service-name={self.name}"):
-                    t = time.time()
-                    for e in ev["object"].endpoints or []:
-                        ready = "True" if e.conditions and e.conditions.ready else "False"
-                        for addr in e.addresses or []:
-                            if addr in self.ip_pod:
-                                self._note(self.ip_pod[addr], "endpoint", ready, t)
-                    if self.stop_event.is_set():
-                        return
-            except Exception:
-                time.sleep(0.2)
+    def _pod(self, t: float, pod: dict) -> None:
+        status = pod.get("status") or {}
+        conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        if status.get("podIP"):
+            self.ip_pod[status["podIP"]] = pod["metadata"]["name"]
+        self._note(pod["metadata"]["name"], "gate", conds.get("hicache.dev/serving"), t)
+        self._note(pod["metadata"]["name"], "ready", conds.get("Ready"), t)
+
+    def _slice(self, t: float, endpoint_slice: dict) -> None:
+        for e in endpoint_slice.get("endpoints") or []:
+            ready = "True" if (e.get("conditions") or {}).get("ready") else "False"
+            for addr in e.get("addresses") or []:
+                if addr in self.ip_pod:
+                    self._note(self.ip_pod[addr], "endpoint", ready, t)
 
     def start(self, pods: int) -> "Timeline":
         """Both watches running and every pod's gate, Ready and endpoint seen once."""
-        threading.Thread(target=self._pods, daemon=True).start()
+        from kubernetes import client
+        api = self.cluster.api_client()
+        threading.Thread(target=self._stream, daemon=True, args=(
+            client.CoreV1Api(api).list_namespaced_pod, f"app.kubernetes.io/instance={self.name}", self._pod)).start()
         wait_for(lambda: len(self.ip_pod) == pods, timeout=60, interval=0.1, what="pod watch synced")
-        threading.Thread(target=self._slices, daemon=True).start()
+        threading.Thread(target=self._stream, daemon=True, args=(
+            client.DiscoveryV1Api(api).list_namespaced_endpoint_slice, f"kubernetes.io/service-name={self.name}",
+            self._slice)).start()
         wait_for(lambda: len(self.last) == 3 * pods, timeout=60, interval=0.1, what="endpoint watch synced")
         return self
 
     def stop(self) -> None:
         self.stop_event.set()
 
-    def out_of_serving(self) -> dict[str, tuple[float, float]]:
-        """Pod -> (gate False, Ready True after it)."""
+    def spans(self, until: str) -> dict[str, tuple[float, float]]:
+        """Pod -> (gate False, the first ``until`` event after it), e.g. ``endpoint=True``."""
         out: dict[str, tuple[float, float]] = {}
         start: dict[str, float] = {}
         for t, pod, what in sorted(self.events):
             if what == "gate=False" and pod not in out:
                 start.setdefault(pod, t)
-            elif what == "ready=True" and pod in start and pod not in out:
+            elif what == until and pod in start and pod not in out:
                 out[pod] = (start[pod], t)
         return out
 
@@ -184,12 +190,13 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
     wall_status = time.time() - t0
     timeline.stop()
     report = gw.stop()
-    spans = timeline.out_of_serving()
-    # The swap is over when the last pod is Ready again (the completion poll above lags by up to
-    # its interval plus a kubectl call).
+    spans = timeline.spans("endpoint=True")
+    not_ready = [end - start for start, end in timeline.spans("ready=True").values()]
+    # The swap is over when the last pod's endpoint is ready again (the completion poll above
+    # lags by up to its interval plus a kubectl call).
     wall = max(end for _, end in spans.values()) - t0 if len(spans) == pods else float("nan")
     per_pod = [end - start for start, end in spans.values()]
-    per_pod_median = statistics.median(per_pod) if per_pod else float("nan")
+    per_pod_mean = statistics.mean(per_pod) if per_pod else float("nan")
     steps = math.ceil(pods / max_unavailable)
     if timeline_dir is not None:
         timeline_dir.mkdir(parents=True, exist_ok=True)
@@ -199,11 +206,14 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
     return {"pods": pods, "max_unavailable": max_unavailable, "wall_s": round(wall, 2),
             "wall_until_status_complete_s": round(wall_status, 2),
-            "per_pod_out_of_serving_s_median": round(per_pod_median, 2),
-            "per_pod_out_of_serving_s_max": round(max(per_pod), 2) if per_pod else None,
+            "per_pod_procedure_s_mean": round(per_pod_mean, 3),
+            "per_pod_procedure_s_median": round(statistics.median(per_pod), 3) if per_pod else None,
+            "per_pod_procedure_s_max": round(max(per_pod), 2) if per_pod else None,
+            "per_pod_not_ready_s_median": round(statistics.median(not_ready), 2) if not_ready else None,
             "pods_swapped": len(spans), "steps": steps,
-            "ratio": round(wall / (steps * per_pod_median), 3) if per_pod else None,
-            "requests": len(report.outcomes), "failed_requests": len(report.failures), "memory": memory}
+            "ratio": round(wall / (steps * per_pod_mean), 3) if per_pod else None,
+            "requests": len(report.outcomes), "failed_requests": len(report.failures),
+            "failures": [f"{o.endpoint}: {o.status} {o.error}" for o in report.failures[:10]], "memory": memory}
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from hicache_operator import labels, metrics, render, swap
+from hicache_operator.bodycache import BodyCache
 from hicache_operator.kube import Kube, load_config
 from hicache_operator.nodecache import NodeCache
 from hicache_operator.reconcile import Result, reconcile
@@ -62,6 +63,7 @@ class Controller:
 
     def __init__(self) -> None:
         self.queue = WorkQueue()
+        self.bodies = BodyCache()  # the newest HiCacheDeployment bodies: reconciles do not GET them
         self.kube: Kube | None = None
         self.nodes: NodeCache | None = None
         self.pod_index: kopf.Index | None = None
@@ -179,8 +181,10 @@ def process_backed() -> bool:
 
 def _kube() -> Kube:
     if controller.kube is None:
-        load_config(connections=WORKERS + 4)  # workers, plus the node watch and swap steps' gate patches
-        controller.kube = Kube(memo_seconds=INTERVAL)
+        # workers, the calls they make concurrently (a new deployment's children), the node watch
+        # and swap steps' gate patches
+        load_config(connections=3 * WORKERS + 4)
+        controller.kube = Kube(memo_seconds=INTERVAL, parallel_calls=2 * WORKERS)
     return controller.kube
 
 
@@ -224,8 +228,10 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
     before the queue lets another worker at the same key, so no step plans from a stale status.
     Validation findings are posted when the generation is new to the status."""
     namespace, name = key
+    waited = time.monotonic() - request.queued_at if request.queued_at is not None else 0.0
+    metrics.QUEUE_WAIT_SECONDS.labels(request.trigger).observe(waited)
     with metrics.RECONCILE_SECONDS.labels(request.trigger).time():
-        raw = _kube().get_deployment(namespace, name)
+        raw = ctl.bodies.get(key) or _kube().get_deployment(namespace, name)
         if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
             return None
         previous = raw.get("status") or {}
@@ -236,12 +242,18 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
         spec = result.plan.outcome.spec
         if result.plan.outcome.ok and spec is not None and (result.pods or swap.pending(previous)) and (
                 request.trigger == "resync" or swap.needed(previous, spec, result.pods)):
-            requeue = _swap_step(ctl, raw, result)
+            requeue = _swap_step(ctl, raw, result, f"{request.trigger} waited={waited:.3f}")
         else:
             requeue = None
         status = {**previous, **result.status}
         if status != previous:
-            _kube().replace_deployment_status(namespace, name, status)
+            try:
+                ctl.bodies.offer(key, _kube().replace_deployment_status(namespace, name, status))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                ctl.bodies.deleted(key)  # deleted meanwhile: its DELETED event untracks it
+                return None
         _track_swap(ctl, key, status)
         if requeue is not None and requeue < SWAP_POLL:  # the swap poll covers the rest
             ctl.queue.add_after(key, Request("swap", urgent=True), requeue)
@@ -265,7 +277,7 @@ def _track_swap(ctl: Controller, key: Key, status: dict | None) -> None:
         ctl.swapping.discard(key)
 
 
-def _swap_step(ctl: Controller, raw: dict, result: Result) -> float | None:
+def _swap_step(ctl: Controller, raw: dict, result: Result, why: str) -> float | None:
     """One backend-swap step; its state and conditions join the reconcile's status."""
     spec = result.plan.outcome.spec
     assert spec is not None
@@ -274,7 +286,7 @@ def _swap_step(ctl: Controller, raw: dict, result: Result) -> float | None:
     secret, field = (ref.name, ref.key) if ref else (render.names(meta["name"])["secret"], render.ADMIN_SECRET_KEY)
     step = swap.step(_kube().api, raw, spec, result.pods, now(),
                      endpoints=ctl.endpoints(meta["namespace"], render.names(meta["name"])["service"]),
-                     key=_kube().admin_key(meta["namespace"], secret, field))
+                     key=_kube().admin_key(meta["namespace"], secret, field), why=why)
     result.status["backendSwap"] = step.backend_swap
     generation = int(raw["metadata"].get("generation") or 0)
     before = {c.get("type"): c for c in result.status.get("conditions") or []}
@@ -297,11 +309,13 @@ async def on_deployment(event: dict, body: kopf.Body, namespace: str, name: str,
     controller.start(pod_index, slice_index)
     key = (namespace, name)
     if event.get("type") == "DELETED":
+        controller.bodies.deleted(key, body)
         controller.untrack(key)
         _kube().forget(namespace, name)
         return
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
+    controller.bodies.offer(key, body)
     controller.track(key)
     status = body.get("status") or {}
     _track_swap(controller, key, status)

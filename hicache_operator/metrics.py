@@ -19,3 +19,6 @@ SWAP_STEP_SECONDS = Histogram("hicache_operator_swap_step_duration_seconds",
 SWAP_EVENTS = Counter("hicache_operator_swap_events_total", "Backend-swap events, by reason (PodDraining, "
                       "PodSwapped, PodRolledBack, BackendSwapComplete, ...).", ["reason"])
 QUEUE_DEPTH = Gauge("hicache_operator_workqueue_depth", "HiCacheDeployments waiting to be reconciled.")
+QUEUE_WAIT_SECONDS = Histogram("hicache_operator_workqueue_wait_seconds",
+                               "Time from a trigger to the start of its reconcile (a backlog shows here first).",
+                               ["trigger"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))

@@ -109,15 +109,22 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
 
     ref = spec.admin_key_secret_ref
     secret_name = ref.name if ref else render.names(name)["secret"]
-    if ref is None and apply:
-        if kube.ensure_secret(render.admin_secret(p.owner, new_key())):
-            events.append(("Normal", "AdminKeyCreated", f"generated the admin API key in Secret {secret_name}"))
-    elif not kube.secret_exists(ns, secret_name):
-        degraded.append(("AdminSecretMissing", f"Secret {secret_name} with the admin API key does not exist"))
-
+    secret_created = False
     if apply:
-        for child in p.children:
-            kube.apply(child)
+        # Everything at once, except the StatefulSet: it goes last, so its pods never start
+        # before what they mount and read (the ConfigMap, the admin Secret) exists.
+        *others, workload = p.children
+        assert workload["kind"] == "StatefulSet", "render.children puts the workload last"
+        calls = [lambda child=child: kube.apply(child) for child in others]
+        if ref is None:
+            calls.append(lambda: kube.ensure_secret(render.admin_secret(p.owner, new_key())))
+        results = kube.concurrently(*calls)
+        secret_created = ref is None and bool(results[-1])
+        kube.apply(workload)
+    if secret_created:
+        events.append(("Normal", "AdminKeyCreated", f"generated the admin API key in Secret {secret_name}"))
+    elif (ref is not None or not apply) and not kube.secret_exists(ns, secret_name):
+        degraded.append(("AdminSecretMissing", f"Secret {secret_name} with the admin API key does not exist"))
 
     deleted: list[str] = []
     template_hash = kube.template_hash(ns, name)

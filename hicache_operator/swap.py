@@ -38,6 +38,7 @@ from hicache_operator.rollout import (
     PodObservation,
     RolloutSettings,
     SetServingGate,
+    Step,
     apply_outcomes,
     plan_step,
     storage_fingerprint,
@@ -48,6 +49,7 @@ from hicache_operator.spec import HiCacheDeploymentSpec
 
 log = logging.getLogger(__name__)
 AFTER_ACTIONS_SECONDS = 0.05
+READMITTING = Step.READMITTING.value
 VIEWS = ViewCache()  # recent runtime reads of settled pods, per deployment
 
 
@@ -82,10 +84,12 @@ def _parse_time(value: str | None) -> dt.datetime | None:
 
 
 async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[dict], endpoints: dict[str, bool],
-                   records: set[str], key: str | None) -> list[PodObservation]:
-    """Each pod as seen now: gate and endpoint from the lists just made, runtime from a GET made
-    now, or, for a settled pod (no record, gate True, endpoint ready), its recent read (see
-    ``rollout.view_cache``)."""
+                   records: dict[str, str], key: str | None) -> list[PodObservation]:
+    """Each pod as seen now: gate and endpoint from the watches, runtime from a GET made now,
+    or its recent read (see ``rollout.view_cache``) for a settled pod (no record, gate True,
+    endpoint ready) and for one being readmitted with its gate already True (all that is left
+    is its endpoint turning ready, which the watch tells; its runtime was read to verify it).
+    ``records``: pod name -> the step of its swap record."""
     now = dt.datetime.now(dt.timezone.utc)
     kept: list[CachedView] = []
 
@@ -96,7 +100,8 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
         fields: dict[str, Any] = {"runtime_error": "pod has no IP yet"}
         observed_at = now
         if ip:
-            settled = meta["name"] not in records and gate is True and endpoint_ready is True
+            step = records.get(meta["name"])
+            settled = gate is True and (step is None and endpoint_ready is True or step == READMITTING)
             cached = VIEWS.reusable(fleet, meta["uid"], ip, now) if settled else None
             if cached is None:
                 view = await RuntimeClient(f"http://{ip}:{RUNTIME_PORT}", key, timeout=3.0, http=http).observe()
@@ -113,15 +118,19 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
 
 def _set_gate(core: client.CoreV1Api, namespace: str, action: SetServingGate, target_hash: str,
               target_backend: str, target_fp: str, now: str) -> None:
+    """One patch of the pod's status: the gate, and with a readmission the storage annotations
+    (the pods/status subresource accepts metadata changes other than owner references), so a
+    readmission is one round trip and the annotations never disagree with the gate."""
+    meta: dict[str, Any] = {"uid": action.uid}  # precondition: never touch a replacement pod of the same name
     if action.serving and action.runs is not None:
         on_target = storage_fingerprint(action.runs) == target_fp
-        plain_json(core.patch_namespaced_pod, action.pod, namespace, {"metadata": {"uid": action.uid, "annotations": {
+        meta["annotations"] = {
             labels.STORAGE_HASH: target_hash if on_target else storage_fingerprint(action.runs),
-            labels.STORAGE_BACKEND: target_backend if on_target else (action.runs.get("backend") or "none")}}})
+            labels.STORAGE_BACKEND: target_backend if on_target else (action.runs.get("backend") or "none")}
     reason, message = ("Serving", "admitted by the operator") if action.serving else \
         ("BackendSwap", "taken out of serving to swap the L3 storage backend")
     plain_json(core.patch_namespaced_pod_status, action.pod, namespace, {
-        "metadata": {"uid": action.uid},  # precondition: never touch a replacement pod of the same name
+        "metadata": meta,
         "status": {"conditions": [{"type": labels.SERVING_CONDITION, "status": "True" if action.serving else "False",
                                    "reason": reason, "message": message, "lastTransitionTime": now}]}})
 
@@ -152,10 +161,10 @@ async def _execute(http: httpx.AsyncClient, core: client.CoreV1Api, namespace: s
 
 
 def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: list[dict], now: str, *,
-         endpoints: dict[str, bool], key: str | None) -> SwapStep:
+         endpoints: dict[str, bool], key: str | None, why: str = "") -> SwapStep:
     """One observe -> plan -> act pass for one HiCacheDeployment; returns what to persist.
     ``pods`` and ``endpoints`` (pod IP -> ready in the client Service's EndpointSlices) as the
-    operator's watches see them; ``key``: the admin API key."""
+    operator's watches see them; ``key``: the admin API key; ``why``: the trigger, for the log."""
     t0, wall0 = time.monotonic(), time.time()
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
@@ -167,7 +176,8 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in pods}
     swap_state = (body.get("status") or {}).get("backendSwap")
     recorded = swap_state.get("pods") if isinstance(swap_state, dict) else None
-    records = set(recorded) if isinstance(recorded, dict) else set()  # unreadable: the planner says so
+    records = {name: (rec.get("step") if isinstance(rec, dict) else None) for name, rec in recorded.items()} \
+        if isinstance(recorded, dict) else {}  # unreadable: the planner says so
     timings: dict[str, float] = {}
 
     async def observe_plan_act() -> tuple[Any, list[ActionOutcome]]:
@@ -183,7 +193,7 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     state = apply_outcomes(plan.state, outcomes)
     t_end = time.monotonic()
     metrics.SWAP_STEP_SECONDS.observe(t_end - t0)
-    log.info("swap step %s/%s at=%.3f observe=%.3f plan+act=%.3f actions=%s", ns, name, wall0,
+    log.info("swap step %s/%s at=%.3f (%s) observe=%.3f plan+act=%.3f actions=%s", ns, name, wall0, why,
              timings["observe"] - t0, t_end - timings["observe"],
              ",".join(f"{type(a).__name__}:{a.pod}{':' + str(a.serving) if isinstance(a, SetServingGate) else ''}"
                       for a in plan.actions) or "-")

@@ -11,8 +11,8 @@ fresh reads, most of them redundant. Here every trigger only *adds* the deployme
   refreshes, periodic resyncs), so a thousand pod events never delay a new deployment;
 - a failed reconcile is retried after a per-key exponential backoff.
 
-A reconcile reads the object afresh when it starts, so a merged request covers every trigger
-that arrived before it began.
+A reconcile reads the newest version of the object when it starts (``bodycache``), so a merged
+request covers every trigger that arrived before it began.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import heapq
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Hashable
 
 BACKOFF_BASE_SECONDS = 1.0
@@ -35,10 +35,12 @@ class Request:
     trigger: str  # metrics label and log text: spec, resume, resync, pod, endpointslice, swap, node, retry
     apply: bool = False  # render and apply the children (otherwise only refresh status and step a swap)
     urgent: bool = False
+    queued_at: float | None = field(default=None, compare=False)  # set by the queue: how long it waited
 
     def merge(self, other: "Request") -> "Request":
         trigger = self.trigger if (self.apply, self.urgent) >= (other.apply, other.urgent) else other.trigger
-        return Request(trigger, self.apply or other.apply, self.urgent or other.urgent)
+        queued = [t for t in (self.queued_at, other.queued_at) if t is not None]
+        return Request(trigger, self.apply or other.apply, self.urgent or other.urgent, min(queued, default=None))
 
 
 class WorkQueue:
@@ -62,6 +64,7 @@ class WorkQueue:
         if self._closed:
             return
         old = self._waiting.get(key)
+        request = replace(request, queued_at=self._clock())
         merged = request if old is None else old.merge(request)
         self._waiting[key] = merged
         if key in self._processing:

@@ -254,12 +254,15 @@ class _Planner:
         return True
 
     def _readmitting(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
+        if obs.serving_gate is True and obs.endpoint_ready is True:
+            # Back in serving. Both come from the watches, not the runtime, so this needs no
+            # runtime read newer than the readmission (the operator reuses the verify step's).
+            del self.records[name]
+            return False
         if not self._fresh(obs, rec):
             return False
         if obs.serving_gate is not True:
             self._act(name, rec, SetServingGate(name, rec.uid, True, runs=_runs(obs)))
-        elif obs.endpoint_ready is True:
-            del self.records[name]
         elif self._timed_out(rec):
             del self.records[name]
             self._event("Warning", "PodNotReady", f"pod {name} is back in serving but its endpoint is still not "

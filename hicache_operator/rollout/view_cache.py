@@ -8,7 +8,9 @@ loaded 2-core machine), and that cost sits between one pod's readmission and the
 drain. So a settled pod's last read is reused for a few seconds:
 
 - only for a pod that is settled: no swap record, serving gate True, endpoint ready (a pod
-  out of serving for any reason, or new, is read afresh: it may be dead or just started);
+  out of serving for any reason, or new, is read afresh: it may be dead or just started), or
+  one being readmitted whose gate is already True: it was read to verify it just before, and
+  what it still waits for (its endpoint turning ready) comes from the watch;
 - only while the pod has the same uid and IP, and only if the last read reached the runtime;
 - re-read after ``refresh_seconds`` (stretched by up to 2x per pod, from its uid, so a fleet
   read in one step is not re-read all in one later step).

@@ -46,18 +46,20 @@ class OperatorProcess:
     """`python -m hicache_operator` as a child process, as it would run in its pod."""
 
     def __init__(self, cluster, workdir: Path, *, reconcile_interval: float = 2, extra_env: dict | None = None,
-                 args: tuple[str, ...] = ("--all-namespaces",)):
+                 args: tuple[str, ...] = ("--all-namespaces",), metrics_port: int = 0):
         self.cluster = cluster
         self.log = Path(workdir) / "operator.log"
         self.env = {**cluster.env(), "HICACHE_RECONCILE_INTERVAL": str(reconcile_interval),
                     "PYTHONPATH": str(REPO), **(extra_env or {})}
         self.args = args
+        self.metrics_port = metrics_port  # 0: none; else served on 127.0.0.1
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "OperatorProcess":
         offset = self.log.stat().st_size if self.log.exists() else 0
         f = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "hicache_operator", *self.args, "--metrics-port", "0"],
+        metrics = ["--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "hicache_operator", *self.args, *metrics],
                                      env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd=REPO, preexec_fn=_die_with_parent)
         f.close()

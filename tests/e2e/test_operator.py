@@ -275,3 +275,37 @@ def test_node_shrinking_after_sizing_reports_no_longer_fits(cluster, operator, n
     finally:
         cluster.kubectl("patch", "node", "gpu-3", "--subresource=status", "--type=merge", "-p",
                         json.dumps({"status": {"allocatable": {"memory": before}, "capacity": {"memory": before}}}))
+
+
+def test_admin_key_from_the_users_own_secret(cluster, operator, ns, tmp_path):
+    """adminKeySecretRef: no Secret is generated; pods read the key from the user's Secret under
+    the named field, and the operator uses that same key for the runtime's admin API (a backend
+    swap, which the runtime refuses without it). Deleting the Secret is reported, not fatal."""
+    cluster.kubectl("create", "secret", "generic", "team-admin", "-n", ns,
+                    "--from-literal=token=team-key-0123456789abcdef")
+    doc = load(SAMPLES / "bundled-minimal.yaml")
+    doc["metadata"]["name"] = "own-key"
+    doc["spec"]["testing"] = {"processBacked": True}
+    doc["spec"]["adminKeySecretRef"] = {"name": "team-admin", "key": "token"}
+    apply(cluster, doc, ns)
+    obj = wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("readyReplicas") == 1 else None)(
+        hcd(cluster, ns, "own-key")), timeout=120, what="runtime pod Ready")
+    kids = owned_children(cluster, ns, obj["metadata"]["uid"])
+    assert "secrets" not in kids and set(kids) == {"statefulsets", "services", "configmaps", "poddisruptionbudgets"}
+    assert env_of(pods_of(cluster, ns, "own-key")[0])["HICACHE_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"] == \
+        {"name": "team-admin", "key": "token"}
+
+    cluster.kubectl("patch", "hcd/own-key", "-n", ns, "--type=merge", "-p", json.dumps(
+        {"spec": {"hicache": {"storage": {"backend": "file", "extraConfig": {"storage_dir": str(tmp_path)}}}}}))
+    obj = wait_for(lambda: (lambda o: o if ((o.get("status") or {}).get("backendSwap") or {}).get("phase") in
+                            ("Complete", "Failed") else None)(hcd(cluster, ns, "own-key")),
+                   timeout=120, what="swap to file finished")
+    assert obj["status"]["backendSwap"]["phase"] == "Complete", obj["status"]["backendSwap"]
+    assert obj["status"]["currentBackend"] == "file"
+
+    cluster.kubectl("delete", "secret", "team-admin", "-n", ns)
+    obj = wait_for(lambda: (lambda o: o if condition(o, "Degraded") == "True" else None)(hcd(cluster, ns, "own-key")),
+                   timeout=60, what="Degraded once the Secret is gone")
+    cond = next(c for c in obj["status"]["conditions"] if c["type"] == "Degraded")
+    assert cond["reason"] == "AdminSecretMissing" and "team-admin" in cond["message"], cond
+    assert operator.alive()

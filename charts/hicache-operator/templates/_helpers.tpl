@@ -80,17 +80,17 @@ reads of objects it only writes.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
-# kopf watches managed pods; kube.pods lists them, stale ones are deleted, and the
-# serving hold is an annotation patch.
+# kopf watches managed pods; kube.pods lists them, and pods on a stale template are deleted.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, patch, delete]
-# The hicache.dev/serving readiness-gate condition.
+  verbs: [list, watch, delete]
+# The hicache.dev/serving readiness-gate condition (with a readmission, the pod's storage
+# annotations travel in the same patch).
 - apiGroups: [""]
   resources: [pods/status]
   verbs: [patch]
 # Backend swaps gate on routability: is the pod's endpoint ready in its Service's slices?
-# (listed each swap step; watched so a step follows each endpoint change at once)
+# (watched, so a swap step follows each endpoint change at once)
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [list, watch]

@@ -25,6 +25,17 @@ def test_adding_a_queued_key_merges_instead_of_queueing_twice():
     assert q.get(timeout=0) is None
 
 
+def test_a_merged_request_remembers_when_its_first_trigger_was_queued():
+    clock = Clock()
+    q = WorkQueue(clock=clock)
+    clock.t = 10.0
+    q.add("a", Request("pod"))
+    clock.t = 12.5
+    q.add("a", Request("endpointslice", urgent=True))
+    _, req = q.get(timeout=0)
+    assert req.queued_at == 10.0 and req.trigger == "endpointslice"
+
+
 def test_urgent_requests_overtake_routine_ones_even_when_upgraded_in_place():
     q = WorkQueue()
     for k in ("a", "b", "c"):

@@ -17,7 +17,7 @@ NAMESPACED = {
     ("", "configmaps"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
-    ("", "pods"): {"list", "watch", "patch", "delete"},
+    ("", "pods"): {"list", "watch", "delete"},
     ("", "pods/status"): {"patch"},
     ("discovery.k8s.io", "endpointslices"): {"list", "watch"},
     ("", "events"): {"create"},

@@ -428,6 +428,20 @@ def test_observations_not_newer_than_the_last_action_are_ignored():
     assert op.record("c-0")["since"] == op.record("c-0")["actedAt"]
 
 
+def test_readmission_completes_on_the_watches_alone_without_a_newer_runtime_read():
+    """The operator reuses the verify step's runtime read while a readmitted pod's endpoint turns
+    ready: gate and endpoint come from the watches, so that read need not be newer."""
+    op = Operator(FILE)
+    op.step([pod("c-0", NONE)])
+    op.step([pod("c-0", NONE, gate=False, ready=False)])  # drained: attach
+    op.step([pod("c-0", FILE, gate=False, ready=False)])  # verified: gate True
+    assert op.record("c-0")["step"] == "Readmitting"
+    old_read = {**pod("c-0", FILE, gate=True, ready=False), "observed_at": T0}
+    assert acts(op.step([old_read])) == [] and op.record("c-0")["step"] == "Readmitting"
+    plan = op.step([{**pod("c-0", FILE), "observed_at": T0}])
+    assert op.record("c-0") is None and plan.state.phase.value == "Complete"
+
+
 def test_a_record_whose_pod_is_seen_serving_again_is_forgotten_and_the_pod_competes_afresh():
     op = Operator(MOONCAKE, max_unavailable=1)
     op.step([pod("c-0"), pod("c-1")])
