@@ -58,6 +58,8 @@ class _EngineCollector:
         yield counter("sglang:num_requests", "Finished requests.", s.requests_finished)
         yield counter("hicache_l2_backup_tokens", "Tokens copied from L1 to L2.", c.l2_backup_tokens)
         yield counter("hicache_l2_evicted_tokens", "Tokens evicted from L2.", c.host_evicted_tokens)
+        yield counter("hicache_prefetch_skipped", "L3 prefetches not issued: no room in L2 (in flight or free).",
+                      c.prefetch_skipped)
         yield counter("hicache_request_errors", "Requests that failed inside the engine.", s.requests_failed)
         storage = cache.storage
         degraded = 1 if (storage is not None and storage.degraded) or e.storage_status_reason else 0

@@ -40,7 +40,7 @@ from kubernetes.client.exceptions import ApiException
 
 from hicache_operator import labels, metrics, render, swap
 from hicache_operator.bodycache import BodyCache
-from hicache_operator.kube import Kube, load_config
+from hicache_operator.kube import ChildRefused, Kube, load_config
 from hicache_operator.nodecache import NodeCache
 from hicache_operator.reconcile import Result, reconcile
 from hicache_operator.spec import GROUP, PLURAL, VERSION
@@ -236,9 +236,14 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
             return None
         previous = raw.get("status") or {}
         post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
-        result = reconcile(_kube(), raw, _nodes(), apply=request.apply, now=now(), process_backed=process_backed(),
-                           post_findings=post_findings,
-                           cached_pods=ctl.cached_pods(key))
+        try:
+            result = reconcile(_kube(), raw, _nodes(), apply=request.apply, now=now(),
+                               process_backed=process_backed(), post_findings=post_findings,
+                               cached_pods=ctl.cached_pods(key))
+        except ChildRefused as refused:
+            _report_refused(ctl, key, raw, refused)
+            metrics.RECONCILES.labels(request.trigger, "invalid").inc()
+            return None
         spec = result.plan.outcome.spec
         if result.plan.outcome.ok and spec is not None and (result.pods or swap.pending(previous)) and (
                 request.trigger == "resync" or swap.needed(previous, spec, result.pods)):
@@ -268,6 +273,25 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
     metrics.RECONCILES.labels(request.trigger, "ok" if outcome.ok else "invalid").inc()
     _post(raw, result, previous)
     return result
+
+
+def _report_refused(ctl: Controller, key: Key, raw: dict, refused: ChildRefused) -> None:
+    """ConfigValid=False with the API server's message, and a Warning Event when that is news;
+    the rest of the status stands. The periodic resync tries again (an unchanged spec fails the
+    same way, quietly); a spec edit is reconciled at once."""
+    previous = raw.get("status") or {}
+    generation = int(raw["metadata"].get("generation") or 0)
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "ConfigValid"), {})
+    cond = {"type": "ConfigValid", "status": "False", "reason": "RefusedByAPIServer", "message": str(refused),
+            "observedGeneration": generation,
+            "lastTransitionTime": (old.get("lastTransitionTime") if old.get("status") == "False" else None) or now()}
+    others = [c for c in previous.get("conditions") or [] if c.get("type") != "ConfigValid"]
+    status = {**previous, "observedGeneration": generation, "conditions": [cond, *others]}
+    if status != previous:
+        ctl.bodies.offer(key, _kube().replace_deployment_status(*key, status))
+    if (old.get("reason"), old.get("message")) != (cond["reason"], cond["message"]):
+        log.warning("%s/%s: %s", *key, refused)
+        kopf.event(raw, type="Warning", reason="RefusedByAPIServer", message=str(refused))
 
 
 def _track_swap(ctl: Controller, key: Key, status: dict | None) -> None:

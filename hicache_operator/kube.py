@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable
@@ -51,6 +52,22 @@ def load_config(connections: int = 10) -> None:
     client.Configuration.set_default(cfg)
 
 
+class ChildRefused(Exception):
+    """The API server refused a rendered child as invalid (400/422). Retrying cannot help; only
+    a spec change can, so the reconcile reports it as ConfigValid=False with the server's words."""
+
+    def __init__(self, kind: str, name: str, message: str) -> None:
+        super().__init__(f"the API server refused {kind} {name} rendered from this spec: {message}")
+        self.kind, self.name = kind, name
+
+
+def _status_message(data: bytes) -> str:
+    try:
+        return str(json.loads(data).get("message") or "")[:500]
+    except (ValueError, AttributeError):
+        return data[:500].decode(errors="replace")
+
+
 class Kube:
     """Thin wrapper so handlers read as steps; every method is at most one API call.
 
@@ -81,7 +98,8 @@ class Kube:
 
         The body is sent as UTF-8 JSON text: the client's own serialisation escapes characters
         beyond U+FFFF as surrogate pairs, which the API server's YAML decoder (apply patches are
-        YAML) refuses, so a model name with an emoji would be retried forever."""
+        YAML) refuses, so a model name with an emoji would be retried forever. The few characters
+        that decoder refuses or folds when raw are escaped instead (a fuzzed spec found them)."""
         kind, name, ns = obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"]
         if kind == "Secret":
             return self.create_secret(obj)
@@ -89,9 +107,11 @@ class Kube:
             method="PATCH", resource_path=_APPLY_PATHS[kind], path_params={"namespace": ns, "name": name},
             query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             header_params={"Content-Type": _APPLY, "Accept": "application/json"},
-            body=json.dumps(obj, ensure_ascii=False).encode(), auth_settings=["BearerToken"])
+            body=_yaml_safe_json(obj).encode(), auth_settings=["BearerToken"])
         resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post)
         resp.read()
+        if resp.status in (400, 422):
+            raise ChildRefused(kind, name, _status_message(resp.data))
         if not 200 <= resp.status < 300:
             raise ApiException(http_resp=resp)
         live = json.loads(resp.data)
@@ -199,6 +219,17 @@ class Kube:
         return plain_json(self.custom.patch_namespaced_custom_object_status,
                           GROUP, VERSION, namespace, PLURAL, name, [{"op": "add", "path": "/status", "value": status}],
                           _content_type="application/json-patch+json")
+
+
+# Refused by YAML's reader (DEL, C1 controls, U+FFFE/F), or read as line breaks and folded to
+# spaces inside a quoted string (NEL, U+2028, U+2029).
+_YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufffe\uffff]")
+
+
+def _yaml_safe_json(obj: Any) -> str:
+    """JSON text that the API server's YAML decoder reads back unchanged: raw UTF-8, except the
+    characters above as escapes (outside strings JSON is ASCII, so only string contents change)."""
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False))
 
 
 def _template_hash(sts: dict[str, Any]) -> str | None:

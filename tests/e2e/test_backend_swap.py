@@ -135,7 +135,7 @@ def l3_hit_across_pods(env, name: str = NAME) -> int:
         prompt = f"shared prefix {random.random()} " + "lorem ipsum dolor sit amet " * 30
         body = {"text": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
         assert httpx.post(f"http://{a}:30000/generate", json=body, timeout=60).status_code == 200
-        time.sleep(0.5)  # let A's write-through to L3 land
+        time.sleep(2.0)  # let A's write-through to L3 land (0.5 s was sometimes short on a loaded machine)
         for _ in range(2):
             r = httpx.post(f"http://{b}:30000/generate", json=body, timeout=60)
             tiers = r.json()["meta_info"].get("cached_tokens_details") or {}

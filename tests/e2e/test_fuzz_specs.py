@@ -59,11 +59,13 @@ def test_fuzzed_specs_are_refused_or_render_children_the_api_server_accepts(clus
     assert summary["rejected_by_cel"] + summary["rejected_by_schema"] + summary["rejected_by_validation"] > 0, summary
 
 
-def test_operator_apply_carries_characters_beyond_the_bmp(cluster, api):
+def test_operator_apply_carries_any_unicode_text(cluster, api):
     ns = _namespace(cluster, "fuzz-specs-bmp")
     try:
         cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "emoji", "namespace": ns},
-              "data": {"extra_config.json": '{"extra_backend_tag": "cache \U0001F680"}'}}
+              "data": {"extra_config.json": '{"extra_backend_tag": "cache \U0001F680"}',
+                       # refused raw by the YAML decoder, or folded to spaces in a quoted string
+                       "controls": "del\x7f nel\x85 c1\x9f ls\u2028 ps\u2029 nc\ufffe\uffff tab\t cr\r"}}
         live = Kube(api).apply(cm)
         assert live["data"] == cm["data"]
     finally:

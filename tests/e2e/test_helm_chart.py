@@ -213,7 +213,7 @@ NAMESPACED_ALLOWED = [
     *((v, "statefulsets.apps", None) for v in ("get", "create", "patch")),
     *((v, r, None) for r in ("services", "configmaps", "poddisruptionbudgets.policy") for v in ("create", "patch")),
     ("get", "secrets", None), ("create", "secrets", None),
-    *((v, "pods", None) for v in ("list", "watch", "patch", "delete")),
+    *((v, "pods", None) for v in ("list", "watch", "delete")),
     ("patch", "pods", "status"),
     ("list", "endpointslices.discovery.k8s.io", None), ("watch", "endpointslices.discovery.k8s.io", None),
     ("create", "events", None),
@@ -228,6 +228,7 @@ NAMESPACED_DENIED = [
     ("create", "deployments.apps", None), ("create", "roles.rbac.authorization.k8s.io", None),
     ("create", "rolebindings.rbac.authorization.k8s.io", None), ("create", "serviceaccounts", "token"),
     ("patch", "endpointslices.discovery.k8s.io", None), ("get", "services", None),
+    ("patch", "pods", None),  # the gate and the storage annotations go through pods/status
 ]
 CLUSTER_ALLOWED = [("list", "nodes", None), ("watch", "nodes", None),
                    ("list", "customresourcedefinitions.apiextensions.k8s.io", None),

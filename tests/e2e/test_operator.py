@@ -297,9 +297,12 @@ def test_admin_key_from_the_users_own_secret(cluster, operator, ns, tmp_path):
 
     cluster.kubectl("patch", "hcd/own-key", "-n", ns, "--type=merge", "-p", json.dumps(
         {"spec": {"hicache": {"storage": {"backend": "file", "extraConfig": {"storage_dir": str(tmp_path)}}}}}))
-    obj = wait_for(lambda: (lambda o: o if ((o.get("status") or {}).get("backendSwap") or {}).get("phase") in
-                            ("Complete", "Failed") else None)(hcd(cluster, ns, "own-key")),
-                   timeout=120, what="swap to file finished")
+    def swap_to_file_finished():
+        o = hcd(cluster, ns, "own-key")
+        bs = (o.get("status") or {}).get("backendSwap") or {}
+        return o if bs.get("targetBackend") == "file" and bs.get("phase") in ("Complete", "Failed") \
+            and not bs.get("pods") else None
+    obj = wait_for(swap_to_file_finished, timeout=120, what="swap to file finished")
     assert obj["status"]["backendSwap"]["phase"] == "Complete", obj["status"]["backendSwap"]
     assert obj["status"]["currentBackend"] == "file"
 
@@ -309,3 +312,25 @@ def test_admin_key_from_the_users_own_secret(cluster, operator, ns, tmp_path):
     cond = next(c for c in obj["status"]["conditions"] if c["type"] == "Degraded")
     assert cond["reason"] == "AdminSecretMissing" and "team-admin" in cond["message"], cond
     assert operator.alive()
+
+
+def test_child_refused_by_the_api_server_is_reported_not_retried_forever(cluster, operator, ns):
+    """Affinity is passed through to the pod template: one the API server refuses (no node
+    selector terms) passes the CRD and the operator's checks, so the refusal is reported as
+    ConfigValid=False with the server's message, and fixing the spec recovers."""
+    doc = load(SAMPLES / "bundled-minimal.yaml")
+    doc["metadata"]["name"] = "refused"
+    doc["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": []}}}
+    apply(cluster, doc, ns)
+    obj = wait_for(lambda: (lambda o: o if condition(o, "ConfigValid") == "False" else None)(hcd(cluster, ns, "refused")),
+                   what="ConfigValid=False")
+    cond = next(c for c in obj["status"]["conditions"] if c["type"] == "ConfigValid")
+    assert cond["reason"] == "RefusedByAPIServer" and "StatefulSet refused" in cond["message"], cond
+    assert "nodeSelectorTerms" in cond["message"], cond
+    events = kget(cluster, "events", "-n", ns, "--field-selector", "involvedObject.name=refused")["items"]
+    assert [e for e in events if e["reason"] == "RefusedByAPIServer"], events
+    assert operator.alive()
+
+    cluster.kubectl("patch", "hcd/refused", "-n", ns, "--type=json", "-p", '[{"op": "remove", "path": "/spec/affinity"}]')
+    check_fleet(cluster, ns, "refused", 1)
