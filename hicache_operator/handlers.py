@@ -33,6 +33,7 @@ import os
 import random
 import threading
 import time
+from concurrent.futures import wait
 from typing import Any
 
 import kopf
@@ -42,8 +43,8 @@ from hicache_operator import labels, metrics, render, swap
 from hicache_operator.bodycache import BodyCache
 from hicache_operator.kube import ChildRefused, Kube, load_config
 from hicache_operator.nodecache import NodeCache
-from hicache_operator.reconcile import Result, reconcile
-from hicache_operator.spec import GROUP, PLURAL, VERSION
+from hicache_operator.reconcile import Plan, Result, reconcile
+from hicache_operator.spec import GROUP, PLURAL, VERSION, HiCacheDeploymentSpec
 from hicache_operator.workqueue import Request, WorkQueue
 
 PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
@@ -182,14 +183,31 @@ def process_backed() -> bool:
 def _kube() -> Kube:
     if controller.kube is None:
         # workers, the calls they make concurrently (a new deployment's children), the node watch
-        # and swap steps' gate patches
-        load_config(connections=3 * WORKERS + 4)
+        # and swap steps' gate patches (up to 32 at once)
+        load_config(connections=3 * WORKERS + 36)
         controller.kube = Kube(memo_seconds=INTERVAL, parallel_calls=2 * WORKERS)
     return controller.kube
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No essence kept or compared. kopf builds one (a deep copy of the body) on every watch event
+    for change-detecting handlers (on.create/update/resume); this operator registers none, only
+    event handlers and indexes, so it was pure cost: with a thousand deployments' pods and
+    EndpointSlices, deep copies were the largest single share of the operator's CPU."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return None
+
+    def fetch(self, *, body: Any) -> Any:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        return None
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING  # kopf's own chatter stays in the log; our Events are explicit
     settings.posting.reporting_component = labels.MANAGER
     settings.posting.event_name_prefix = "hicache-"
@@ -236,29 +254,44 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
             return None
         previous = raw.get("status") or {}
         post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
+        why = f"{request.trigger} waited={waited:.3f}"
+
+        def swap_step(p: Plan, pods: list[dict]) -> swap.SwapStep | None:
+            spec = p.outcome.spec
+            if p.outcome.ok and spec is not None and (pods or swap.pending(previous)) and (
+                    request.trigger == "resync" or swap.needed(previous, spec, pods)):
+                return _swap_step(ctl, raw, spec, pods, why)
+            return None
         try:
             result = reconcile(_kube(), raw, _nodes(), apply=request.apply, now=now(),
                                process_backed=process_backed(), post_findings=post_findings,
-                               cached_pods=ctl.cached_pods(key))
+                               cached_pods=ctl.cached_pods(key), alongside=swap_step, defer_workload=True)
         except ChildRefused as refused:
             _report_refused(ctl, key, raw, refused)
             metrics.RECONCILES.labels(request.trigger, "invalid").inc()
             return None
-        spec = result.plan.outcome.spec
-        if result.plan.outcome.ok and spec is not None and (result.pods or swap.pending(previous)) and (
-                request.trigger == "resync" or swap.needed(previous, spec, result.pods)):
-            requeue = _swap_step(ctl, raw, result, f"{request.trigger} waited={waited:.3f}")
-        else:
-            requeue = None
+        requeue = _merge_swap_step(raw, result, result.alongside) if result.alongside is not None else None
         status = {**previous, **result.status}
-        if status != previous:
+        write = (lambda: _write_status(ctl, key, status)) if status != previous else (lambda: True)
+        if result.workload is None:
+            stored = write()
+        else:  # the StatefulSet goes out while the status is written: nothing in the status depends on it
+            writing = _kube().submit(write)
             try:
-                ctl.bodies.offer(key, _kube().replace_deployment_status(namespace, name, status))
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                ctl.bodies.deleted(key)  # deleted meanwhile: its DELETED event untracks it
+                result.workload()
+            except ChildRefused as refused:
+                wait([writing])
+                _report_refused(ctl, key, ctl.bodies.get(key) or raw, refused)
+                metrics.RECONCILES.labels(request.trigger, "invalid").inc()
                 return None
+            except BaseException:
+                wait([writing])
+                if not writing.exception() and post_findings:  # the status now has this generation:
+                    _post(raw, result, previous)  # the retry would not post its findings again
+                raise
+            stored = writing.result()
+        if not stored:
+            return None
         _track_swap(ctl, key, status)
         if requeue is not None and requeue < SWAP_POLL:  # the swap poll covers the rest
             ctl.queue.add_after(key, Request("swap", urgent=True), requeue)
@@ -273,6 +306,18 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
     metrics.RECONCILES.labels(request.trigger, "ok" if outcome.ok else "invalid").inc()
     _post(raw, result, previous)
     return result
+
+
+def _write_status(ctl: Controller, key: Key, status: dict) -> bool:
+    """Write the whole status; False when the deployment is gone meanwhile."""
+    try:
+        ctl.bodies.offer(key, _kube().replace_deployment_status(*key, status))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        ctl.bodies.deleted(key)  # deleted meanwhile: its DELETED event untracks it
+        return False
+    return True
 
 
 def _report_refused(ctl: Controller, key: Key, raw: dict, refused: ChildRefused) -> None:
@@ -301,16 +346,18 @@ def _track_swap(ctl: Controller, key: Key, status: dict | None) -> None:
         ctl.swapping.discard(key)
 
 
-def _swap_step(ctl: Controller, raw: dict, result: Result, why: str) -> float | None:
-    """One backend-swap step; its state and conditions join the reconcile's status."""
-    spec = result.plan.outcome.spec
-    assert spec is not None
+def _swap_step(ctl: Controller, raw: dict, spec: HiCacheDeploymentSpec, pods: list[dict], why: str) -> swap.SwapStep:
+    """One backend-swap step (observe, plan, act) on the pods as this reconcile sees them."""
     meta = raw["metadata"]
     ref = spec.admin_key_secret_ref
     secret, field = (ref.name, ref.key) if ref else (render.names(meta["name"])["secret"], render.ADMIN_SECRET_KEY)
-    step = swap.step(_kube().api, raw, spec, result.pods, now(),
+    return swap.step(_kube().api, raw, spec, pods, now(),
                      endpoints=ctl.endpoints(meta["namespace"], render.names(meta["name"])["service"]),
                      key=_kube().admin_key(meta["namespace"], secret, field), why=why)
+
+
+def _merge_swap_step(raw: dict, result: Result, step: swap.SwapStep) -> float | None:
+    """The step's state, conditions and Events join the reconcile's status; returns its requeue hint."""
     result.status["backendSwap"] = step.backend_swap
     generation = int(raw["metadata"].get("generation") or 0)
     before = {c.get("type"): c for c in result.status.get("conditions") or []}

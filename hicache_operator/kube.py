@@ -14,13 +14,14 @@ import base64
 import json
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from hicache_operator import labels
+from hicache_operator.metrics import API_POOL_WAIT_SECONDS, API_SECONDS
 from hicache_operator.spec import GROUP, PLURAL, VERSION
 
 FIELD_MANAGER = "hicache-operator"
@@ -108,8 +109,9 @@ class Kube:
             query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             header_params={"Content-Type": _APPLY, "Accept": "application/json"},
             body=_yaml_safe_json(obj).encode(), auth_settings=["BearerToken"])
-        resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post)
-        resp.read()
+        with API_SECONDS.labels("apply", kind).time():
+            resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post)
+            resp.read()
         if resp.status in (400, 422):
             raise ChildRefused(kind, name, _status_message(resp.data))
         if not 200 <= resp.status < 300:
@@ -124,14 +126,24 @@ class Kube:
         failure is raised after all have finished. Why: a new deployment's children are six
         independent writes, and waiting for each in turn made one reconcile six round trips long
         on a busy API server (where a fleet's creation queues behind it)."""
-        futures = [self._pool.submit(call) for call in calls]
+        futures = [self.submit(call) for call in calls]
         wait(futures)
         return [f.result() for f in futures]
+
+    def submit(self, call: Callable[[], Any]) -> Future:
+        """Start one call on the same pool, to be joined later (work that overlaps the applies)."""
+        queued = time.monotonic()
+
+        def timed() -> Any:
+            API_POOL_WAIT_SECONDS.observe(time.monotonic() - queued)
+            return call()
+        return self._pool.submit(timed)
 
     def create_secret(self, obj: dict[str, Any]) -> dict[str, Any]:
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         try:
-            created = plain_json(self.core.create_namespaced_secret, key[0], obj)
+            with API_SECONDS.labels("create", "Secret").time():
+                created = plain_json(self.core.create_namespaced_secret, key[0], obj)
         except ApiException as exc:
             if exc.status != 409:  # 409: someone created it meanwhile; theirs stands
                 raise
@@ -195,7 +207,8 @@ class Kube:
 
     def pods(self, namespace: str, deployment: str) -> list[dict[str, Any]]:
         sel = f"{labels.selector_string(deployment)},{labels.DEPLOYMENT}={deployment}"
-        return plain_json(self.core.list_namespaced_pod, namespace, label_selector=sel).get("items") or []
+        with API_SECONDS.labels("list", "Pod").time():
+            return plain_json(self.core.list_namespaced_pod, namespace, label_selector=sel).get("items") or []
 
     def delete_pod(self, namespace: str, name: str) -> None:
         try:
@@ -216,9 +229,10 @@ class Kube:
         """Write the whole status; returns the object as stored. A JSON patch, not a merge patch:
         a merge patch can only add or change keys of nested objects, so a pod record dropped from
         ``backendSwap.pods`` would live on."""
-        return plain_json(self.custom.patch_namespaced_custom_object_status,
-                          GROUP, VERSION, namespace, PLURAL, name, [{"op": "add", "path": "/status", "value": status}],
-                          _content_type="application/json-patch+json")
+        with API_SECONDS.labels("patch", "HiCacheDeployment/status").time():
+            return plain_json(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL,
+                              name, [{"op": "add", "path": "/status", "value": status}],
+                              _content_type="application/json-patch+json")
 
 
 # Refused by YAML's reader (DEL, C1 controls, U+FFFE/F), or read as line breaks and folded to

@@ -22,3 +22,11 @@ QUEUE_DEPTH = Gauge("hicache_operator_workqueue_depth", "HiCacheDeployments wait
 QUEUE_WAIT_SECONDS = Histogram("hicache_operator_workqueue_wait_seconds",
                                "Time from a trigger to the start of its reconcile (a backlog shows here first).",
                                ["trigger"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+API_SECONDS = Histogram("hicache_operator_api_request_duration_seconds",
+                        "Kubernetes API requests made by the operator, by verb and kind, as the operator "
+                        "waits for them (long ones with an idle operator: the API server is the bottleneck).",
+                        ["verb", "kind"])
+API_POOL_WAIT_SECONDS = Histogram("hicache_operator_api_pool_wait_seconds",
+                                  "Time a concurrent API call (a new deployment's children, a status write "
+                                  "beside the StatefulSet) waited for a free thread of the operator's pool.",
+                                  buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,6 +36,8 @@ class Result:
     deleted_pods: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     pods: list[dict[str, Any]] = field(default_factory=list)  # as listed in this reconcile
+    alongside: Any = None  # what ``reconcile``'s ``alongside`` returned
+    workload: Callable[[], Any] | None = None  # the StatefulSet's apply, left to the caller (defer_workload)
 
 
 def event_reason(rule_name: str) -> str:
@@ -80,15 +83,39 @@ def finding_events(outcome: Outcome) -> list[tuple[str, str, str]]:
             for f in outcome.findings if f.severity in ("error", "normalised", "warning")]
 
 
+def apply_children(kube: Kube, p: Plan, new_key: Callable[[], str], *, workload: bool = True) -> bool:
+    """Apply every child (``workload`` False: all but the StatefulSet); True when this call
+    generated the admin Secret. Everything at once, except the StatefulSet: it goes last, so its
+    pods never start before what they mount and read (the ConfigMap, the admin Secret) exists."""
+    *others, sts = p.children
+    assert sts["kind"] == "StatefulSet", "render.children puts the workload last"
+    calls = [lambda child=child: kube.apply(child) for child in others]
+    generate = p.outcome.spec is not None and p.outcome.spec.admin_key_secret_ref is None
+    if generate:
+        calls.append(lambda: kube.ensure_secret(render.admin_secret(p.owner, new_key())))
+    results = kube.concurrently(*calls)
+    if workload:
+        kube.apply(sts)
+    return generate and bool(results[-1])
+
+
 def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, apply: bool, now: str,
               process_backed: bool = False, post_findings: bool = False, cached_pods: list[dict] | None = None,
-              new_key: Callable[[], str] = lambda: secrets.token_urlsafe(32)) -> Result:
+              new_key: Callable[[], str] = lambda: secrets.token_urlsafe(32),
+              alongside: Callable[[Plan, list[dict]], Any] | None = None, defer_workload: bool = False) -> Result:
     """Bring the children in line with the spec (``apply``) and compute the status.
 
     With ``apply`` False nothing is rendered onto the cluster: the reconcile only deletes stale
     pods and recomputes the status (the cheap path run on pod and node events).
     ``cached_pods`` (the pods as the operator's watch last saw them) spare a list call, except
     while pods are to be restarted: deleting within the maxUnavailable budget needs them fresh.
+    ``alongside(plan, pods)`` (a backend-swap step) runs once the spec is valid: while the children
+    are applied when no pod is to be restarted (a swap's first pod leaves serving without waiting
+    for those writes), else after the restarts, so it sees the pods they delete as terminating
+    and the two never spend the same maxUnavailable budget twice.
+    ``defer_workload``: when no pod is to be restarted (the status then does not depend on the
+    StatefulSet's apply), leave that apply to the caller as ``Result.workload``, so it can go out
+    while the status is written: one round trip less per reconcile of a spec change.
     """
     meta = body["metadata"]
     name, ns, generation = meta["name"], meta.get("namespace", "default"), int(meta.get("generation") or 0)
@@ -109,25 +136,24 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
 
     ref = spec.admin_key_secret_ref
     secret_name = ref.name if ref else render.names(name)["secret"]
-    secret_created = False
-    if apply:
-        # Everything at once, except the StatefulSet: it goes last, so its pods never start
-        # before what they mount and read (the ConfigMap, the admin Secret) exists.
-        *others, workload = p.children
-        assert workload["kind"] == "StatefulSet", "render.children puts the workload last"
-        calls = [lambda child=child: kube.apply(child) for child in others]
-        if ref is None:
-            calls.append(lambda: kube.ensure_secret(render.admin_secret(p.owner, new_key())))
-        results = kube.concurrently(*calls)
-        secret_created = ref is None and bool(results[-1])
-        kube.apply(workload)
+    no_restarts = all(restarts.restart_hash_of(pod) == p.desired.restart_hash for pod in pods)
+    later = apply and defer_workload and no_restarts
+    early = None
+    if apply and alongside is not None and pods and no_restarts:
+        early = kube.submit(lambda: alongside(p, pods))
+        try:
+            secret_created = apply_children(kube, p, new_key, workload=not later)
+        finally:
+            wait([early])  # one step per deployment at a time: it ends before this reconcile does
+    else:
+        secret_created = apply and apply_children(kube, p, new_key, workload=not later)
     if secret_created:
         events.append(("Normal", "AdminKeyCreated", f"generated the admin API key in Secret {secret_name}"))
     elif (ref is not None or not apply) and not kube.secret_exists(ns, secret_name):
         degraded.append(("AdminSecretMissing", f"Secret {secret_name} with the admin API key does not exist"))
 
     deleted: list[str] = []
-    template_hash = kube.template_hash(ns, name)
+    template_hash = None if no_restarts else kube.template_hash(ns, name)  # no stale pod: nothing to delete
     if template_hash == p.desired.restart_hash:  # only restart into a template that is already live
         deleted = restarts.plan_restarts(pods, template_hash, spec.rollout.max_unavailable, spec.replicas)
         for pod_name in deleted:
@@ -144,4 +170,6 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
 
     status = build_status(generation=generation, previous=previous, desired=p.desired, errors=[], pods=pods,
                           degraded=degraded, now=now)
-    return Result(status, p, deleted, events, pods)
+    beside = early.result() if early is not None else alongside(p, pods) if alongside is not None else None
+    workload = (lambda: kube.apply(p.children[-1])) if later else None
+    return Result(status, p, deleted, events, pods, beside, workload)

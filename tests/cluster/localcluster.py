@@ -90,8 +90,9 @@ NODE_LEASE_SECONDS = 600
 
 class LocalCluster:
     def __init__(self, workdir: Path, nodes: list[NodeSpec] | None = None,
-                 bin_dir: Path | None = None, network: Network | None = None):
+                 bin_dir: Path | None = None, network: Network | None = None, profiling: bool = False):
         self.workdir = Path(workdir)
+        self.profiling = profiling  # the API server serves /debug/pprof (benches that ask where its CPU goes)
         self.nodes = nodes if nodes is not None else default_nodes()
         self.bin_dir = bin_dir
         self.network = network
@@ -200,7 +201,7 @@ class LocalCluster:
             f"--service-account-signing-key-file={k.sa_key}",
             "--service-cluster-ip-range=10.96.0.0/16",
             "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-            "--enable-priority-and-fairness=false", "--profiling=false",
+            "--enable-priority-and-fairness=false", f"--profiling={str(self.profiling).lower()}",
             "--endpoint-reconciler-type=none",
             "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000",
             "--v=1"])

@@ -1,0 +1,150 @@
+"""The order of ``reconcile``'s writes. Its ``alongside`` work (a backend-swap step) runs during
+the child applies when no pod is to be restarted, else after the restarts, seeing the pods they
+deleted; the StatefulSet's apply is left to the caller (to overlap the status write) only when
+no pod is to be restarted.
+
+The Kube here records calls in order (the decision under test is the ordering, a pure matter);
+the same path runs against a real API server in tests/e2e/test_backend_swap.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+
+from op_helpers import body, gpu_node
+
+from hicache_operator import labels
+from hicache_operator.reconcile import plan, reconcile
+
+SPEC = {"image": "hicache-runtime:0.1.0", "replicas": 2, "maxTotalTokens": 4096,
+        "rollout": {"maxUnavailable": 1}}
+NODES = [gpu_node("gpu-0")]
+
+
+class RecordingKube:
+    """Applies block until released, so a test can see what ran while they were in flight."""
+
+    def __init__(self, template_hash: str | None, pods: list[dict] | None = None) -> None:
+        self.calls: list[str] = []
+        self.listed = pods
+        self.applying = threading.Event()
+        self.release = threading.Event()
+        self._template_hash = template_hash
+        self._pool = ThreadPoolExecutor(max_workers=8)
+        self._lock = threading.Lock()
+
+    def _note(self, what: str) -> None:
+        with self._lock:
+            self.calls.append(what)
+
+    def apply(self, obj: dict) -> dict:
+        self.applying.set()
+        assert self.release.wait(10)
+        self._note(f"apply {obj['kind']}")
+        return obj
+
+    def ensure_secret(self, obj: dict) -> bool:
+        self._note("secret")
+        return False
+
+    def concurrently(self, *calls):
+        futures = [self._pool.submit(c) for c in calls]
+        wait(futures)
+        return [f.result() for f in futures]
+
+    def submit(self, call):
+        return self._pool.submit(call)
+
+    def secret_exists(self, namespace: str, name: str) -> bool:
+        return True
+
+    def template_hash(self, namespace: str, name: str) -> str | None:
+        return self._template_hash
+
+    def pods(self, namespace: str, deployment: str) -> list[dict]:
+        assert self.listed is not None, "cached pods are used"
+        return self.listed
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._note(f"delete {name}")
+
+
+def pods_with(restart_hash: str) -> list[dict]:
+    return [{"metadata": {"name": f"demo-{i}", "uid": f"u{i}", "annotations": {labels.RESTART_HASH: restart_hash}},
+             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+            for i in range(2)]
+
+
+def test_the_step_runs_while_children_are_applied_when_no_pod_restarts():
+    desired = plan(body(SPEC), NODES).desired
+    kube = RecordingKube(desired.restart_hash)
+    seen: list[list[str]] = []
+
+    def alongside(p, pods):
+        assert kube.applying.wait(10)
+        seen.append(list(kube.calls))  # what had finished when the step ran
+        kube.release.set()
+        return "stepped"
+    result = reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
+                       cached_pods=pods_with(desired.restart_hash), alongside=alongside)
+    assert result.alongside == "stepped"
+    assert not any(c.startswith("apply") for c in seen[0]), seen  # no apply had completed yet
+    assert "apply StatefulSet" in kube.calls
+
+
+def test_the_step_waits_for_restarts_and_sees_their_deletions():
+    desired = plan(body(SPEC), NODES).desired
+    kube = RecordingKube(desired.restart_hash, pods=pods_with("an-older-template"))
+    kube.release.set()
+    seen: list[tuple[list[str], list[bool]]] = []
+
+    def alongside(p, pods):
+        seen.append((list(kube.calls), [bool(pod["metadata"].get("deletionTimestamp")) for pod in pods]))
+        return "stepped"
+    reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
+              cached_pods=pods_with("an-older-template"), alongside=alongside)
+    calls, terminating = seen[0]
+    assert "apply StatefulSet" in calls and "delete demo-1" in calls  # highest ordinal first, budget 1
+    assert terminating == [False, True]
+
+
+def test_the_step_is_joined_even_when_an_apply_fails():
+    desired = plan(body(SPEC), NODES).desired
+    kube = RecordingKube(desired.restart_hash)
+    finished = threading.Event()
+
+    def failing_apply(obj):
+        raise RuntimeError("API server unavailable")
+    kube.apply = failing_apply
+
+    def alongside(p, pods):
+        threading.Event().wait(0.2)
+        finished.set()
+    try:
+        reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
+                  cached_pods=pods_with(desired.restart_hash), alongside=alongside)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the failed apply was swallowed")
+    assert finished.is_set()  # never two steps of one deployment at once
+
+
+def test_the_workload_apply_is_left_to_the_caller_only_when_nothing_restarts():
+    desired = plan(body(SPEC), NODES).desired
+    kube = RecordingKube(None)
+    kube.release.set()
+    result = reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
+                       cached_pods=[], defer_workload=True)
+    assert "apply StatefulSet" not in kube.calls and "apply ConfigMap" in kube.calls
+    assert result.status["observedGeneration"] == 1
+    result.workload()
+    assert kube.calls[-1] == "apply StatefulSet"
+
+    stale = RecordingKube(desired.restart_hash, pods=pods_with("an-older-template"))
+    stale.release.set()
+    result = reconcile(stale, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
+                       cached_pods=pods_with("an-older-template"), defer_workload=True)
+    assert result.workload is None  # restarts read the live template: applied first, in order
+    assert stale.calls.index("apply StatefulSet") < stale.calls.index("delete demo-1")
