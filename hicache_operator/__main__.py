@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import kopf
 import prometheus_client
-
-
-SWITCH_INTERVAL_SECONDS = 0.001
 
 
 def _positive_int(text: str) -> int:
@@ -48,10 +44,6 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["HICACHE_RECONCILE_INTERVAL"] = str(args.reconcile_interval)
     if args.workers is not None:
         os.environ["HICACHE_WORKERS"] = str(args.workers)
-    # Worker threads wait on the API server and need the GIL back after every socket read, while
-    # kopf's event loop parses watch streams; at the default 5 ms switch interval a burst of
-    # events made each of those reacquisitions wait, stretching every API call a worker makes.
-    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     kopf.configure(verbose=args.verbose)
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port, addr=args.metrics_host)
