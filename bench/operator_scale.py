@@ -97,9 +97,12 @@ def free_port() -> int:
 
 
 def operator_work(port: int) -> dict[str, Any]:
+    return parse_operator_work(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+
+
+def parse_operator_work(text: str) -> dict[str, Any]:
     """Per trigger, from the operator's metrics: reconciles, mean wait in its work queue (a backlog
     shows here) and mean time in the reconcile itself (mostly waiting on the API server)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     sums: dict[tuple[str, str], float] = {}
     for family, metric in (("wait", "hicache_operator_workqueue_wait_seconds"),
                            ("reconcile", "hicache_operator_reconcile_duration_seconds")):

@@ -217,7 +217,8 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
             "pods_swapped": len(spans), "steps": steps,
             "ratio": round(wall / (steps * per_pod_mean), 3) if per_pod else None,
             "requests": len(report.outcomes), "failed_requests": len(report.failures),
-            "failures": [f"{o.endpoint}: {o.status} {o.error}" for o in report.failures[:10]], "memory": memory}
+            "failures": [f"t={o.at - t0:.3f}s {timeline.ip_pod.get(o.endpoint, o.endpoint)}: {o.status} {o.error}"
+                         for o in report.failures[:10]], "memory": memory}
 
 
 def main() -> None:

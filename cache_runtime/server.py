@@ -534,10 +534,18 @@ class _TooLarge(Exception):
     pass
 
 
+# How long an idle client connection stays open. Clients and gateways must close idle
+# connections before the server does: uvicorn's default (5 s) equals httpx's keep-alive expiry,
+# so a request sent on a connection idle for ~5 s could cross the server's close and fail with no
+# response (seen once under the swap bench, where pods sit out of serving for seconds). Longer
+# than common proxy idle timeouts (nginx upstream 60 s), as nginx's and aiohttp's own 75 s.
+KEEP_ALIVE_SECONDS = 75
+
+
 def run(args: ServerArgs) -> None:
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = Server(args)
     uvicorn.run(server.app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_SECONDS)

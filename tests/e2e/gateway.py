@@ -24,6 +24,7 @@ class Outcome:
     error: str | None
     cached: dict
     latency_s: float
+    at: float = 0.0  # wall clock when sent (to place a failure on a swap's timeline)
 
 
 @dataclass
@@ -101,16 +102,16 @@ class Gateway:
                     time.sleep(rng.uniform(0.0, 0.1))
 
     def send(self, http: httpx.Client, ep: str, prompt: str) -> Outcome:
-        t0 = time.monotonic()
+        t0, at = time.monotonic(), time.time()
         try:
             r = http.post(f"http://{ep}:{self.port}/generate", json={
                 "text": prompt, "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0}})
             ok = r.status_code == 200
             meta = r.json().get("meta_info", {}) if ok else {}
             return Outcome(ok, ep, r.status_code, None if ok else r.text[:200],
-                           meta.get("cached_tokens_details") or {}, time.monotonic() - t0)
+                           meta.get("cached_tokens_details") or {}, time.monotonic() - t0, at)
         except Exception as exc:
-            return Outcome(False, ep, None, f"{type(exc).__name__}: {exc}", {}, time.monotonic() - t0)
+            return Outcome(False, ep, None, f"{type(exc).__name__}: {exc}", {}, time.monotonic() - t0, at)
 
     def start(self) -> "Gateway":
         self.threads = [threading.Thread(target=self._watch, daemon=True)]

@@ -267,3 +267,20 @@ def test_sglang_compat_mode_hides_extensions_and_enforces_api_key(sglang_server)
         # without --admin-api-key, flush falls back to the API key
         assert c.post("/flush_cache").status_code == 401
         assert c.post("/flush_cache", headers=auth).status_code == 200
+
+
+def test_an_idle_keep_alive_connection_is_still_served(server):
+    """A gateway keeps connections to each pod and may leave one idle for a while (a pod out of
+    serving during a swap); the next request on it must get a response, not a closed socket. The
+    server keeps idle connections longer than clients do (httpx expires them after 5 s)."""
+    import socket
+    import time
+
+    def get(sock) -> bytes:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        return sock.recv(4096)
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        assert get(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(6.0)  # past the 5 s that both uvicorn's default and httpx's expiry use
+        assert get(sock).startswith(b"HTTP/1.1 200")
