@@ -109,7 +109,7 @@ class Kube:
             query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             header_params={"Content-Type": _APPLY, "Accept": "application/json"},
             body=_yaml_safe_json(obj).encode(), auth_settings=["BearerToken"])
-        with API_SECONDS.labels("apply", kind).time():
+        with API_SECONDS.labels("apply", _metric_kind(obj)).time():
             resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post)
             resp.read()
         if resp.status in (400, 422):
@@ -244,6 +244,13 @@ def _yaml_safe_json(obj: Any) -> str:
     """JSON text that the API server's YAML decoder reads back unchanged: raw UTF-8, except the
     characters above as escapes (outside strings JSON is ASCII, so only string contents change)."""
     return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False))
+
+
+def _metric_kind(obj: dict[str, Any]) -> str:
+    """A child's kind for the API latency metric; a headless Service apart (no IP to allocate)."""
+    if obj["kind"] == "Service":
+        return "Service/headless" if (obj.get("spec") or {}).get("clusterIP") == "None" else "Service/ClusterIP"
+    return obj["kind"]
 
 
 def _template_hash(sts: dict[str, Any]) -> str | None:
