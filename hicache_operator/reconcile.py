@@ -37,7 +37,7 @@ class Result:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     pods: list[dict[str, Any]] = field(default_factory=list)  # as listed in this reconcile
     alongside: Any = None  # what ``reconcile``'s ``alongside`` returned
-    workload: Callable[[], Any] | None = None  # the StatefulSet's apply, left to the caller (defer_workload)
+    workload: Callable[[], Any] | None = None  # the rest of the applies, left to the caller (defer_workload)
 
 
 def event_reason(rule_name: str) -> str:
@@ -83,20 +83,41 @@ def finding_events(outcome: Outcome) -> list[tuple[str, str, str]]:
             for f in outcome.findings if f.severity in ("error", "normalised", "warning")]
 
 
-def apply_children(kube: Kube, p: Plan, new_key: Callable[[], str], *, workload: bool = True) -> bool:
-    """Apply every child (``workload`` False: all but the StatefulSet); True when this call
-    generated the admin Secret. Everything at once, except the StatefulSet: it goes last, so its
-    pods never start before what they mount and read (the ConfigMap, the admin Secret) exists."""
+def start_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> tuple[bool, Callable[[], None]]:
+    """Apply what the StatefulSet's pods read (the ConfigMap, the admin Secret) while the other
+    children (Services, PodDisruptionBudget) are started beside them; returns (whether this
+    call generated the admin Secret, ``finish``). ``finish()`` applies the StatefulSet (after
+    what its pods read, so they never start without it) and then waits for the rest. Why not
+    all at once: a ClusterIP Service's create allocates an IP, which on a busy API server took
+    ~10x any other apply; nothing waits for it now but the end of the reconcile."""
     *others, sts = p.children
     assert sts["kind"] == "StatefulSet", "render.children puts the workload last"
-    calls = [lambda child=child: kube.apply(child) for child in others]
+    first = [lambda child=child: kube.apply(child) for child in others if child["kind"] == "ConfigMap"]
+    beside = [kube.submit(lambda child=child: kube.apply(child)) for child in others if child["kind"] != "ConfigMap"]
     generate = p.outcome.spec is not None and p.outcome.spec.admin_key_secret_ref is None
     if generate:
-        calls.append(lambda: kube.ensure_secret(render.admin_secret(p.owner, new_key())))
-    results = kube.concurrently(*calls)
-    if workload:
-        kube.apply(sts)
-    return generate and bool(results[-1])
+        first.append(lambda: kube.ensure_secret(render.admin_secret(p.owner, new_key())))
+
+    def finish() -> None:
+        try:
+            kube.apply(sts)
+        finally:
+            wait(beside)  # never leave an apply of this reconcile in flight after it
+        for f in beside:
+            f.result()
+    try:
+        results = kube.concurrently(*first)
+    except BaseException:
+        wait(beside)
+        raise
+    return generate and bool(results[-1]), finish
+
+
+def apply_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> bool:
+    """Apply every child (see ``start_children``); True when this call generated the admin Secret."""
+    created, finish = start_children(kube, p, new_key)
+    finish()
+    return created
 
 
 def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, apply: bool, now: str,
@@ -114,8 +135,8 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     for those writes), else after the restarts, so it sees the pods they delete as terminating
     and the two never spend the same maxUnavailable budget twice.
     ``defer_workload``: when no pod is to be restarted (the status then does not depend on the
-    StatefulSet's apply), leave that apply to the caller as ``Result.workload``, so it can go out
-    while the status is written: one round trip less per reconcile of a spec change.
+    StatefulSet's apply), leave that apply, and the wait for the Services and the PDB, to the
+    caller as ``Result.workload``, so they go on while the status is written.
     """
     meta = body["metadata"]
     name, ns, generation = meta["name"], meta.get("namespace", "default"), int(meta.get("generation") or 0)
@@ -138,15 +159,24 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     secret_name = ref.name if ref else render.names(name)["secret"]
     no_restarts = all(restarts.restart_hash_of(pod) == p.desired.restart_hash for pod in pods)
     later = apply and defer_workload and no_restarts
-    early = None
+    early, workload = None, None
+
+    def children() -> bool:
+        nonlocal workload
+        if not apply:
+            return False
+        if not later:
+            return apply_children(kube, p, new_key)
+        created, workload = start_children(kube, p, new_key)
+        return created
     if apply and alongside is not None and pods and no_restarts:
         early = kube.submit(lambda: alongside(p, pods))
         try:
-            secret_created = apply_children(kube, p, new_key, workload=not later)
+            secret_created = children()
         finally:
             wait([early])  # one step per deployment at a time: it ends before this reconcile does
     else:
-        secret_created = apply and apply_children(kube, p, new_key, workload=not later)
+        secret_created = children()
     if secret_created:
         events.append(("Normal", "AdminKeyCreated", f"generated the admin API key in Secret {secret_name}"))
     elif (ref is not None or not apply) and not kube.secret_exists(ns, secret_name):
@@ -171,5 +201,4 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     status = build_status(generation=generation, previous=previous, desired=p.desired, errors=[], pods=pods,
                           degraded=degraded, now=now)
     beside = early.result() if early is not None else alongside(p, pods) if alongside is not None else None
-    workload = (lambda: kube.apply(p.children[-1])) if later else None
     return Result(status, p, deleted, events, pods, beside, workload)

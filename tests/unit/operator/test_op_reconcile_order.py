@@ -137,10 +137,11 @@ def test_the_workload_apply_is_left_to_the_caller_only_when_nothing_restarts():
     kube.release.set()
     result = reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
                        cached_pods=[], defer_workload=True)
-    assert "apply StatefulSet" not in kube.calls and "apply ConfigMap" in kube.calls
+    assert "apply StatefulSet" not in kube.calls and "apply ConfigMap" in kube.calls and "secret" in kube.calls
     assert result.status["observedGeneration"] == 1
-    result.workload()
-    assert kube.calls[-1] == "apply StatefulSet"
+    result.workload()  # the StatefulSet, then the wait for the Services and the PDB
+    assert sorted(c for c in kube.calls if c.startswith("apply")) == [
+        "apply ConfigMap", "apply PodDisruptionBudget", "apply Service", "apply Service", "apply StatefulSet"]
 
     stale = RecordingKube(desired.restart_hash, pods=pods_with("an-older-template"))
     stale.release.set()
@@ -148,3 +149,32 @@ def test_the_workload_apply_is_left_to_the_caller_only_when_nothing_restarts():
                        cached_pods=pods_with("an-older-template"), defer_workload=True)
     assert result.workload is None  # restarts read the live template: applied first, in order
     assert stale.calls.index("apply StatefulSet") < stale.calls.index("delete demo-1")
+
+
+def test_the_statefulset_waits_for_what_its_pods_read_but_not_for_the_services():
+    kube = RecordingKube(None)
+    slow = threading.Event()
+    plain_apply = kube.apply
+
+    def apply(obj):
+        if obj["kind"] == "Service":
+            assert slow.wait(10)  # a ClusterIP allocation on a busy API server
+        kube.release.set()
+        return plain_apply(obj)
+    kube.apply = apply
+    result = reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
+                       cached_pods=[], defer_workload=True)
+    finished = threading.Thread(target=result.workload)
+    finished.start()
+    for _ in range(100):
+        if "apply StatefulSet" in kube.calls:
+            break
+        threading.Event().wait(0.05)
+    assert kube.calls.index("apply ConfigMap") < kube.calls.index("apply StatefulSet")
+    assert kube.calls.index("secret") < kube.calls.index("apply StatefulSet")
+    assert "apply Service" not in kube.calls
+    assert finished.is_alive()  # the reconcile is not over while a Service is being created
+    slow.set()
+    finished.join(10)
+    assert kube.calls.count("apply Service") == 2
+
