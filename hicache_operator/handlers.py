@@ -208,6 +208,12 @@ class NoDiffBase(kopf.DiffBaseStorage):
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = NoDiffBase()
+    # The handlers' label filters are applied by kopf after it has received and decoded each
+    # event; these make the API server send only our pods and EndpointSlices, not every pod of
+    # the cluster.
+    ours = f"{labels.MANAGED_BY}={labels.MANAGER}"
+    settings.watching.label_selectors["pods"] = ours
+    settings.watching.label_selectors[("discovery.k8s.io", "endpointslices")] = ours
     settings.posting.level = logging.WARNING  # kopf's own chatter stays in the log; our Events are explicit
     settings.posting.reporting_component = labels.MANAGER
     settings.posting.event_name_prefix = "hicache-"
