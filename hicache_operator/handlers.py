@@ -72,6 +72,7 @@ class Controller:
         self.known: dict[Key, float] = {}  # deployment -> when its next resync is due (monotonic)
         self._known_guard = threading.Lock()
         self.swapping: set[Key] = set()  # deployments whose last status has a swap in flight
+        self.pod_identities: dict[tuple[Key, str], tuple] = {}  # (deployment, pod) -> pod_identity
         self.stop = threading.Event()
         self._started = False
         self._start_guard = threading.Lock()
@@ -93,6 +94,29 @@ class Controller:
     def enqueue(self, key: Key, request: Request) -> None:
         self.queue.add(key, request)
         metrics.QUEUE_DEPTH.set(self.queue.depth())
+
+    def pod_event(self, key: Key, pod: str, identity: tuple) -> None:
+        """Reconcile the pod's deployment, except during a backend swap when nothing a step
+        reads at once changed (``pod_identity``): each gate patch makes one or two pod events
+        (the gate, then Ready), and the steps they started did nothing but hold the deployment
+        while the EndpointSlice event a step waits for arrived (up to 0.6 s per pod at
+        maxUnavailable 1). During a swap the status is rewritten at least every SWAP_POLL."""
+        with self._known_guard:
+            changed = self.pod_identities.get((key, pod)) != identity
+            if identity[1]:
+                self.pod_identities.pop((key, pod), None)
+            else:
+                self.pod_identities[(key, pod)] = identity
+        swapping = key in self.swapping
+        if changed or not swapping:
+            self.enqueue(key, Request("pod", urgent=swapping))
+
+    def slice_event(self, key: Key, service: str | None) -> None:
+        """A swap step waits on the client Service's endpoints; other slice changes are not
+        news to it. The headless Service's slices (published not-ready) change with every
+        readiness flip, and the steps they started only held the deployment."""
+        if key in self.swapping and service == render.names(key[1])["service"]:
+            self.enqueue(key, Request("endpointslice", urgent=True))
 
     def cached_pods(self, key: Key) -> list[dict]:
         """The deployment's pods as the watch last saw them (copies: a reconcile edits its own)."""
@@ -149,6 +173,8 @@ class Controller:
     def untrack(self, key: Key) -> None:
         with self._known_guard:
             self.known.pop(key, None)
+            for gone in [k for k in self.pod_identities if k[0] == key]:
+                del self.pod_identities[gone]
         self.swapping.discard(key)
         self.queue.forget(key)
 
@@ -426,13 +452,23 @@ async def slice_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
     return {(namespace, service): swap.slice_readiness(body)} if service else {}
 
 
+def pod_identity(body: Any, deleted: bool = False) -> tuple:
+    """What a swap step needs to hear about at once: which pod (uid), whether it is going away,
+    where its runtime is (IP) and its phase. Its conditions (the serving gate, Ready) are not
+    in it: a swap step waits for what they cause, the EndpointSlice change, which has its own
+    event."""
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    return (meta.get("uid"), deleted or bool(meta.get("deletionTimestamp")), status.get("podIP"), status.get("phase"))
+
+
 @kopf.on.event("", "v1", "pods", labels={labels.MANAGED_BY: labels.MANAGER})
-async def on_pod(body: kopf.Body, namespace: str, pod_index: kopf.Index, slice_index: kopf.Index, **_: Any) -> None:
+async def on_pod(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index, slice_index: kopf.Index,
+                 **_: Any) -> None:
     controller.start(pod_index, slice_index)
     owner = _owner(body)
     if owner:
-        key = (namespace, owner)
-        controller.enqueue(key, Request("pod", urgent=key in controller.swapping))
+        controller.pod_event((namespace, owner), body["metadata"]["name"],
+                             pod_identity(body, deleted=event.get("type") == "DELETED"))
 
 
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={labels.MANAGED_BY: labels.MANAGER})
@@ -440,5 +476,6 @@ async def on_endpointslice(body: kopf.Body, namespace: str, pod_index: kopf.Inde
                            **_: Any) -> None:
     controller.start(pod_index, slice_index)
     owner = _owner(body)
-    if owner and (namespace, owner) in controller.swapping:
-        controller.enqueue((namespace, owner), Request("endpointslice", urgent=True))
+    if owner:
+        controller.slice_event((namespace, owner),
+                               ((body.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name"))

@@ -4,8 +4,9 @@
 EndpointSlice entries, each runtime's ``GET /hicache/storage-backend`` and request counts)
 and carries out the actions it returns (serving-gate patches guarded by the pod's uid,
 detach/attach through the admin API with the key from the Secret). One call is one step:
-nothing here waits for anything, so a handler returns quickly and the next trigger (a pod
-event or the swap timer) takes the next step from what is then observed.
+nothing here waits for Kubernetes (a drain, an endpoint turning ready), so a handler returns
+quickly and the next trigger (a pod event or the swap timer) takes the next step from what is
+then observed; only a pod's own runtime calls are followed through within the step.
 
 The serving gate: every pod carries the readiness gate ``hicache.dev/serving``, and the
 planner is its only writer. A new pod is admitted by setting it True; a pod to be swapped
@@ -38,12 +39,12 @@ from hicache_operator.rollout import (
     Event,
     PodObservation,
     RolloutSettings,
+    Phase,
     SetServingGate,
     Step,
-    apply_outcomes,
-    plan_step,
     storage_fingerprint,
 )
+from hicache_operator.rollout.follow_through import StepRun, run_step
 from hicache_operator.rollout.runtime_client import RuntimeClient, shared_client
 from hicache_operator.rollout.view_cache import CachedView, ViewCache
 from hicache_operator.spec import HiCacheDeploymentSpec
@@ -88,37 +89,76 @@ def _parse_time(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
+def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None) -> PodObservation:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    ip = status.get("podIP")
+    fields: dict[str, Any] = {"runtime_error": "pod has no IP yet"}
+    observed_at = dt.datetime.now(dt.timezone.utc)
+    if read is not None:
+        fields, observed_at = read.view.observation_fields(), read.observed_at
+    return PodObservation(name=meta["name"], uid=meta["uid"], phase=status.get("phase") or "Pending",
+                          deletion_timestamp=_parse_time(meta.get("deletionTimestamp")),
+                          serving_gate=_gate(pod), endpoint_ready=endpoints.get(ip) if ip else None,
+                          observed_at=observed_at, **fields)
+
+
+async def _read(http: httpx.AsyncClient, pod: dict, key: str | None) -> CachedView:
+    """The pod's runtime now (``observed_at`` is taken before the GETs: the read was true then)."""
+    now = dt.datetime.now(dt.timezone.utc)
+    ip = pod["status"]["podIP"]
+    view = await RuntimeClient(f"http://{ip}:{RUNTIME_PORT}", key, timeout=3.0, http=http).observe()
+    return CachedView(pod["metadata"]["uid"], ip, now, view)
+
+
 async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[dict], endpoints: dict[str, bool],
-                   records: dict[str, str], key: str | None) -> list[PodObservation]:
+                   records: dict[str, str], key: str | None,
+                   defer_refresh: bool = False) -> tuple[list[PodObservation], list[dict]]:
     """Each pod as seen now: gate and endpoint from the watches, runtime from a GET made now,
-    or its recent read (see ``rollout.view_cache``) for a settled pod (no record, gate True,
-    endpoint ready) and for one being readmitted with its gate already True (all that is left
-    is its endpoint turning ready, which the watch tells; its runtime was read to verify it).
-    ``records``: pod name -> the step of its swap record."""
+    or an earlier read where a new one could not change the plan:
+
+    - a settled pod (no record, gate True, endpoint ready) and one being readmitted with its
+      gate already True: its recent read (see ``rollout.view_cache``); what the latter still
+      waits for (its endpoint turning ready) comes from the watch;
+    - with ``defer_refresh`` (a swap in progress), a settled pod whose last read succeeded but
+      is too old to reuse: that read all the same, and the pod is returned for a re-read after
+      the step has acted. Those reads only pick the next pods to take out; waiting for them
+      put a GET round trip of a busy runtime between one pod's endpoint turning ready and the
+      next pod's drain. A pod taken out on such a read that turns out to be on the target is
+      readmitted by the next step, as with any reused read;
+    - a pod taken out (gate False) whose endpoint is still ready: its last read, whatever its
+      age. It is stale for the planner (older than the pod's last action), which only waits:
+      no runtime call is made while the pod is routable, and the next step comes with the
+      EndpointSlice event that marks it not ready.
+
+    ``records``: pod name -> the step of its swap record. Returns the observations and the
+    pods to re-read after acting."""
     now = dt.datetime.now(dt.timezone.utc)
     kept: list[CachedView] = []
+    refresh: list[dict] = []
 
     async def one(pod: dict) -> PodObservation:
         meta, status = pod["metadata"], pod.get("status") or {}
         ip, gate = status.get("podIP"), _gate(pod)
-        endpoint_ready = endpoints.get(ip) if ip else None
-        fields: dict[str, Any] = {"runtime_error": "pod has no IP yet"}
-        observed_at = now
+        read = None
         if ip:
-            step = records.get(meta["name"])
-            settled = gate is True and (step is None and endpoint_ready is True or step == READMITTING)
-            cached = VIEWS.reusable(fleet, meta["uid"], ip, now) if settled else None
-            if cached is None:
-                view = await RuntimeClient(f"http://{ip}:{RUNTIME_PORT}", key, timeout=3.0, http=http).observe()
-                cached = CachedView(meta["uid"], ip, now, view)
-            kept.append(cached)
-            fields, observed_at = cached.view.observation_fields(), cached.observed_at
-        return PodObservation(name=meta["name"], uid=meta["uid"], phase=status.get("phase") or "Pending",
-                              deletion_timestamp=_parse_time(meta.get("deletionTimestamp")),
-                              serving_gate=gate, endpoint_ready=endpoint_ready, observed_at=observed_at, **fields)
+            step, endpoint_ready = records.get(meta["name"]), endpoints.get(ip)
+            settled = gate is True and step is None and endpoint_ready is True
+            if settled or gate is True and step == READMITTING:
+                read = VIEWS.reusable(fleet, meta["uid"], ip, now)
+                if read is None and settled and defer_refresh:
+                    last = VIEWS.last(fleet, meta["uid"], ip)
+                    if last is not None and last.view.backend is not None:
+                        read = last
+                        refresh.append(pod)
+            elif gate is False and endpoint_ready is True and step is not None:
+                read = VIEWS.last(fleet, meta["uid"], ip)
+            if read is None:
+                read = await _read(http, pod, key)
+            kept.append(read)
+        return _observation(pod, endpoints, read)
     observations = list(await asyncio.gather(*(one(p) for p in pods)))
     VIEWS.replace(fleet, kept)
-    return observations
+    return observations, refresh
 
 
 def _set_gate(core: client.CoreV1Api, namespace: str, action: SetServingGate, target_hash: str,
@@ -170,7 +210,8 @@ async def _execute(http: httpx.AsyncClient, core: client.CoreV1Api, namespace: s
 
 def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: list[dict], now: str, *,
          endpoints: dict[str, bool], key: str | None, why: str = "") -> SwapStep:
-    """One observe -> plan -> act pass for one HiCacheDeployment; returns what to persist.
+    """One step for one HiCacheDeployment: observe, then plan and act (again for pods whose
+    runtime call succeeded, see ``rollout.follow_through``); returns what to persist.
     ``pods`` and ``endpoints`` (pod IP -> ready in the client Service's EndpointSlices) as the
     operator's watches see them; ``key``: the admin API key; ``why``: the trigger, for the log."""
     t0, wall0 = time.monotonic(), time.time()
@@ -186,29 +227,48 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     recorded = swap_state.get("pods") if isinstance(swap_state, dict) else None
     records = {name: (rec.get("step") if isinstance(rec, dict) else None) for name, rec in recorded.items()} \
         if isinstance(recorded, dict) else {}  # unreadable: the planner says so
+    by_name = {p["metadata"]["name"]: p for p in pods}
     timings: dict[str, float] = {}
 
-    async def observe_plan_act() -> tuple[Any, list[ActionOutcome]]:
+    async def observe_plan_act() -> StepRun:
         async with shared_client() as http:
-            observations = await _observe(http, (ns, name), pods, endpoints, records, key)
+            in_progress = isinstance(swap_state, dict) and swap_state.get("phase") == Phase.IN_PROGRESS.value
+            observations, refresh = await _observe(http, (ns, name), pods, endpoints, records, key,
+                                                   defer_refresh=in_progress)
             timings["observe"] = time.monotonic()
-            plan = plan_step(target, observations, settings, swap_state, dt.datetime.now(dt.timezone.utc))
-            outcomes = await _execute(http, core, ns, plan.actions, ips, key, render.storage_hash(spec),
-                                      spec.hicache.storage.backend, storage_fingerprint(target), now)
-            return plan, outcomes
+            # stale reads of settled pods are renewed while the step acts, for the next step
+            refreshing = asyncio.gather(*(_read(http, p, key) for p in refresh))
 
-    plan, outcomes = asyncio.run(observe_plan_act())
-    state = apply_outcomes(plan.state, outcomes)
+            async def execute(actions: list) -> list[ActionOutcome]:
+                return await _execute(http, core, ns, actions, ips, key, render.storage_hash(spec),
+                                      spec.hicache.storage.backend, storage_fingerprint(target), now)
+
+            async def reobserve(names: list[str]) -> list[PodObservation]:
+                named = [n for n in names if ips.get(n)]
+                reads = await asyncio.gather(*(_read(http, by_name[n], key) for n in named))
+                VIEWS.update((ns, name), reads)
+                return [_observation(by_name[n], endpoints, r) for n, r in zip(named, reads)]
+
+            run = await run_step(target, observations, settings, swap_state,
+                                 clock=lambda: dt.datetime.now(dt.timezone.utc), execute=execute, reobserve=reobserve)
+            timings["act"], timings["refreshed"] = time.monotonic(), len(refresh)
+            VIEWS.update((ns, name), await refreshing)
+            return run
+
+    run = asyncio.run(observe_plan_act())
+    plan = run.plan
     t_end = time.monotonic()
     metrics.SWAP_STEP_SECONDS.observe(t_end - t0)
-    log.info("swap step %s/%s at=%.3f (%s) observe=%.3f plan+act=%.3f actions=%s", ns, name, wall0, why,
-             timings["observe"] - t0, t_end - timings["observe"],
+    log.info("swap step %s/%s at=%.3f (%s) observe=%.3f plan+act=%.3f passes=%d refresh=%d/%.3f actions=%s",
+             ns, name, wall0, why, timings["observe"] - t0, timings["act"] - timings["observe"], run.passes,
+             timings["refreshed"], t_end - timings["act"],
              ",".join(f"{type(a).__name__}:{a.pod}{':' + str(a.serving) if isinstance(a, SetServingGate) else ''}"
-                      for a in plan.actions) or "-")
-    # After acting, look again at once (an attach is verified by the next step; nothing in
-    # Kubernetes changes to trigger it); otherwise when the planner says.
+                      for a in run.actions) or "-")
+    # After acting, look again at once (a readmission's endpoint, or a call that failed, is
+    # judged by the next step; nothing in Kubernetes may change to trigger it); otherwise when
+    # the planner says.
     requeue = AFTER_ACTIONS_SECONDS if plan.actions and plan.requeue_after is not None else plan.requeue_after
-    return SwapStep(state.to_status(), plan.conditions, plan.events, requeue)
+    return SwapStep(run.state.to_status(), plan.conditions, run.events, requeue)
 
 
 def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict]) -> bool:

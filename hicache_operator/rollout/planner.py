@@ -478,14 +478,18 @@ class _Planner:
         self.events.append(Event(type_, reason, message, pod))
 
     def _blockers(self, obs: PodObservation, fresh: bool) -> str:
-        if not fresh:
-            return "no fresh observation of the pod"
+        # Gate and endpoint come from the watches and are current either way; the operator
+        # does not read the runtime of a pod whose endpoint is still ready (nothing could be
+        # decided from it), so a stale runtime read is common and not the cause.
         why = []
         if obs.serving_gate is not False:
             why.append("serving gate not yet False")
         if obs.endpoint_ready is True:
             why.append("endpoint still ready")
-        if not obs.reachable:
+        if not fresh:
+            if not why:
+                why.append("no fresh observation of the pod")
+        elif not obs.reachable:
             why.append(f"runtime unreachable ({obs.runtime_error or 'no answer'})")
         elif not obs.idle:
             running = "?" if obs.in_flight is None else obs.in_flight

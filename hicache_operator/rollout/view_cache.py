@@ -15,6 +15,9 @@ drain. So a settled pod's last read is reused for a few seconds:
 - re-read after ``refresh_seconds`` (stretched by up to 2x per pod, from its uid, so a fleet
   read in one step is not re-read all in one later step).
 
+During a swap a settled pod's expired read is still used for that step's plan and renewed
+while the step acts (``swap._observe``), so the rollout never waits on a settled pod's GET.
+
 A reused read keeps the time it was made as ``observed_at``, so nothing downstream mistakes it
 for a fresh one. What it can cost: a pod whose runtime changed behind the operator's back (it
 restarted with an older config) is noticed up to ``2 * refresh_seconds`` later; a pod taken out
@@ -58,6 +61,17 @@ class ViewCache:
             return None
         age = (now - cached.observed_at).total_seconds()
         return cached if 0 <= age < self.refresh_seconds * _stretch(uid) else None
+
+    def last(self, fleet: Hashable, uid: str, ip: str) -> CachedView | None:
+        """The last read of this pod, however old or failed, for a pod whose new read could not
+        change the plan, or may come after it (see ``swap._observe``). It keeps its own
+        ``observed_at``, so the planner treats it as stale for any pod it has acted on since."""
+        cached = self._fleets.get(fleet, {}).get(uid)
+        return cached if cached is not None and cached.ip == ip else None
+
+    def update(self, fleet: Hashable, views: list[CachedView]) -> None:
+        """New reads of some pods; the others' are kept."""
+        self._fleets.setdefault(fleet, {}).update((v.uid, v) for v in views)
 
     def replace(self, fleet: Hashable, views: list[CachedView]) -> None:
         """The fleet's reads after a step (fresh and reused); pods not listed are forgotten."""

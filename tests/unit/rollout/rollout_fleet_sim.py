@@ -11,6 +11,7 @@ promises is checked as the world changes, not only at the end.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from hicache_operator.rollout import (
+    Action,
     ActionOutcome,
     Attach,
     Detach,
@@ -30,6 +32,7 @@ from hicache_operator.rollout import (
     plan_step,
     storage_fingerprint,
 )
+from hicache_operator.rollout.follow_through import run_step
 from hicache_operator.rollout.runtime_client import BackendError, NotIdle, Unreachable
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -129,8 +132,9 @@ class SimPod:
 
 class Fleet:
     def __init__(self, n: int, initial: str, *, max_unavailable: int | str = 1, seed: int = 0,
-                 drain_timeout: float = 8.0, flaky: float = 0.0) -> None:
+                 drain_timeout: float = 8.0, flaky: float = 0.0, follow_through: bool = False) -> None:
         self.rng = random.Random(seed)
+        self.follow_through = follow_through  # the operator's step: rollout.follow_through.run_step
         self.clock = T0
         self.replicas = n
         self.target_name = initial
@@ -148,6 +152,8 @@ class Fleet:
             self.pods[pod.name] = pod
         self.persisted: dict[str, Any] | None = None
         self.last_plan = None
+        self.last_actions: list[Action] = []  # of the last step, all its passes
+        self.last_run = None  # with follow_through: the last step's StepRun
         self.rollback_failed: set[str] = set()  # uids
         self.attach_payloads: list[dict[str, Any]] = []
         self.failures_seen: list[str] = []
@@ -218,9 +224,11 @@ class Fleet:
                 # The StatefulSet template already carries the current target's flags.
                 self.pods[name] = self._new_pod(name, self.target)
 
-    def observe(self) -> list[PodObservation]:
+    def observe(self, names: list[str] | None = None) -> list[PodObservation]:
         out = []
         for pod in self.pods.values():
+            if names is not None and pod.name not in names:
+                continue
             reachable = pod.up and not pod.glitch
             out.append(PodObservation(
                 name=pod.name, uid=pod.uid, phase="Running",
@@ -238,35 +246,89 @@ class Fleet:
     def step(self, crash: str = "ok", prefix: int = 0) -> Any:
         """One operator pass. crash: ok | drop (actions run, state not
         persisted) | prefix (first `prefix` actions run, then the operator
-        dies) | reorder (actions run in a shuffled order)."""
+        dies) | reorder (actions run in a shuffled order). With
+        ``follow_through``, one operator step of up to a few passes
+        (``run_step``); a crash may then come in any of them."""
+        if self.follow_through:
+            return self._step_followed(crash, prefix)
         plan = plan_step(self.target, self.observe(), self.settings, self.persisted, self.clock)
-        self.last_plan = plan
-        named = [a.pod for a in plan.actions]
+        self.last_plan, self.last_actions = plan, plan.actions
+        self._note(plan.events, plan.state)
+        actions = self._ordered(plan.actions, crash)
+        if crash == "prefix":
+            actions = actions[:prefix]
+        outcomes = [self.execute(a) for a in actions]
+        self._check_state(plan.state)
+        if crash in ("ok", "reorder"):
+            self.persisted = json.loads(json.dumps(apply_outcomes(plan.state, outcomes).to_status()))
+        return plan
+
+    def _step_followed(self, crash: str, prefix: int) -> Any:
+        done: list[Action] = []
+
+        class Died(Exception):
+            pass
+
+        def clock() -> datetime:
+            # passes and re-reads within one step are ordered in time, 1 ms apart
+            self.clock += timedelta(milliseconds=1)
+            return self.clock
+
+        async def execute(actions: list[Action]) -> list[ActionOutcome]:
+            outcomes = []
+            gates = {(a.pod, a.serving) for a in done if isinstance(a, SetServingGate)}
+            repeated = [a for a in actions if isinstance(a, SetServingGate) and (a.pod, a.serving) in gates]
+            if repeated:
+                raise InvariantBroken(f"a later pass repeats a gate patch of its step: {repeated}")
+            for action in self._ordered(actions, crash):
+                if crash == "prefix" and len(done) >= prefix:
+                    raise Died
+                done.append(action)
+                outcomes.append(self.execute(action))
+            return outcomes
+
+        async def reobserve(names: list[str]) -> list[PodObservation]:
+            self.clock += timedelta(milliseconds=1)
+            return self.observe(names)
+
+        try:
+            run = asyncio.run(run_step(self.target, self.observe(), self.settings, self.persisted,
+                                       clock=clock, execute=execute, reobserve=reobserve))
+        except Died:
+            return self.last_plan
+        self.last_plan, self.last_actions, self.last_run = run.plan, run.actions, run
+        self._note(run.events, run.state)
+        self._check_state(run.state)
+        if crash in ("ok", "reorder"):
+            self.persisted = json.loads(json.dumps(run.state.to_status()))
+        return run.plan
+
+    def _ordered(self, actions: list[Action], crash: str) -> list[Action]:
+        named = [a.pod for a in actions]
         if len(named) != len(set(named)):
-            raise InvariantBroken(f"more than one action for a pod in one step: {plan.actions}")
-        self.reasons.update(e.reason for e in plan.events)
-        if plan.state.failure is not None:
-            self.reasons.add(f"failure: {plan.state.failure.cause}")
-        for event in plan.events:
+            raise InvariantBroken(f"more than one action for a pod in one pass: {actions}")
+        actions = list(actions)
+        if crash == "reorder":
+            self.rng.shuffle(actions)
+        return actions
+
+    def _note(self, events, state: SwapState) -> None:
+        self.reasons.update(e.reason for e in events)
+        if state.failure is not None:
+            self.reasons.add(f"failure: {state.failure.cause}")
+        for event in events:
             if event.reason == "RollbackFailed" and event.pod in self.pods:
                 self.rollback_failed.add(self.pods[event.pod].uid)
             if event.reason in ("BackendSwapFailed", "PodSwapFailed"):
                 self.failures_seen.append(event.message)
-        actions = list(plan.actions)
-        if crash == "reorder":
-            self.rng.shuffle(actions)
-        if crash == "prefix":
-            actions = actions[:prefix]
-        outcomes = [self.execute(a) for a in actions]
-        status = plan.state.to_status()
+
+    def _check_state(self, state: SwapState) -> None:
+        status = state.to_status()
         encoded = json.dumps(status)
-        if len(encoded) > 600 * max(1, len(plan.state.pods)) + 800:
+        if len(encoded) > 600 * max(1, len(state.pods)) + 800:
             raise InvariantBroken(f"swap state is not small: {len(encoded)} bytes")
-        if SwapState.from_status(json.loads(encoded)) != plan.state:
+        if SwapState.from_status(json.loads(encoded)) != state:
             raise InvariantBroken("swap state does not survive a JSON round trip")
-        if crash in ("ok", "reorder"):
-            self.persisted = json.loads(json.dumps(apply_outcomes(plan.state, outcomes).to_status()))
-        return plan
 
     def execute(self, action) -> ActionOutcome:
         pod = self.pods.get(action.pod)
@@ -320,6 +382,10 @@ class Fleet:
         pod.last_flaky = False
         if pod.gate is not False:
             raise InvariantBroken(f"{call} on {pod.name} while its serving gate is {pod.gate}")
+        record = ((self.persisted or {}).get("pods") or {}).get(pod.name) or {}
+        if record.get("uid") != pod.uid:
+            # what lets a restarted operator roll the pod back: its `previous`, persisted first
+            raise InvariantBroken(f"{call} on {pod.name} before its swap record was persisted")
         if pod.busy():
             raise NotIdle(f"Reject {call}: scheduler is not idle. #queue-req={pod.queued} "
                           f"#running-req={pod.in_flight}", pod.queued, pod.in_flight)
@@ -354,7 +420,7 @@ class Fleet:
         for _ in range(limit):
             self.tick()
             plan = self.step()
-            if (not plan.actions and not plan.state.pods and not self.recreate_in
+            if (not self.last_actions and not plan.state.pods and not self.recreate_in
                     and all(p.up and p.available for p in self.pods.values())
                     and plan.state.phase.value in ("Complete", "Failed")):
                 return plan

@@ -5,7 +5,9 @@ by an operator that crashes at random points. The fleet checks as it goes
 that the budget is never exceeded, no runtime is touched while serving, no
 pod returns to serving in an intermediate state and no payload carries a
 hostname; at the end, that the fleet settles with every pod serving, and
-that a good target always completes."""
+that a good target always completes. Each history runs with the operator's
+step as one planner pass, or following a pod through its runtime calls
+(``rollout.follow_through``), as the operator does."""
 
 from __future__ import annotations
 
@@ -64,9 +66,10 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
     seed=st.integers(0, 2**16),
     flaky=st.sampled_from([0.0, 0.3]),
     history=st.lists(history_step(), min_size=1, max_size=60),
+    follow=st.booleans(),
 )
-def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target, seed, flaky, history):
-    fleet = Fleet(n, initial, max_unavailable=max_unavailable, seed=seed, flaky=flaky)
+def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target, seed, flaky, history, follow):
+    fleet = Fleet(n, initial, max_unavailable=max_unavailable, seed=seed, flaky=flaky, follow_through=follow)
     fleet.set_target(first_target)
     for kind, config, index, crash, prefix in history:
         apply_world(fleet, kind, config, index)
@@ -92,9 +95,10 @@ def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target,
     max_unavailable=st.sampled_from([1, 2]),
     seed=st.integers(0, 2**16),
     revert_after=st.integers(1, 25),
+    follow=st.booleans(),
 )
-def test_revert_mid_rollout_returns_every_pod_to_the_original(n, max_unavailable, seed, revert_after):
-    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed)
+def test_revert_mid_rollout_returns_every_pod_to_the_original(n, max_unavailable, seed, revert_after, follow):
+    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed, follow_through=follow)
     fleet.set_target("mooncake")
     for _ in range(revert_after):
         fleet.tick()
@@ -107,9 +111,10 @@ def test_revert_mid_rollout_returns_every_pod_to_the_original(n, max_unavailable
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 4), seed=st.integers(0, 2**16), bad=st.sampled_from(["refused", "mangled"]))
-def test_bad_target_fails_once_and_restores_the_pod(n, seed, bad):
-    fleet = Fleet(n, "file", max_unavailable=1, seed=seed)
+@given(n=st.integers(1, 4), seed=st.integers(0, 2**16), bad=st.sampled_from(["refused", "mangled"]),
+       follow=st.booleans())
+def test_bad_target_fails_once_and_restores_the_pod(n, seed, bad, follow):
+    fleet = Fleet(n, "file", max_unavailable=1, seed=seed, follow_through=follow)
     fleet.set_target(bad)
     plan = fleet.run_until_quiet()
     fleet.check_quiet(plan)

@@ -53,3 +53,21 @@ def test_reads_belong_to_their_fleet_and_replace_forgets_pods_not_listed():
     cache.replace(FLEET, [CachedView("u2", "10.0.0.2", T0, OK)])
     assert cache.reusable(FLEET, "u1", "10.0.0.1", T0) is None
     assert cache.reusable(FLEET, "u2", "10.0.0.2", T0) is not None
+
+
+def test_the_last_read_is_kept_whatever_its_age_or_outcome_but_not_for_a_new_ip():
+    cache = cache_with(CachedView("u1", "10.0.0.1", T0, OK), CachedView("u2", "10.0.0.2", T0, UNREACHABLE))
+    assert cache.last(FLEET, "u1", "10.0.0.1").observed_at == T0
+    assert cache.last(FLEET, "u2", "10.0.0.2").view == UNREACHABLE
+    assert cache.last(FLEET, "u1", "10.0.0.9") is None
+    assert cache.last(FLEET, "u3", "10.0.0.3") is None
+
+
+def test_update_replaces_the_reads_given_and_keeps_the_others():
+    cache = cache_with(CachedView("u1", "10.0.0.1", T0, OK), CachedView("u2", "10.0.0.2", T0, OK))
+    later = T0 + timedelta(seconds=1)
+    cache.update(FLEET, [CachedView("u2", "10.0.0.2", later, UNREACHABLE)])
+    assert cache.last(FLEET, "u1", "10.0.0.1").observed_at == T0
+    assert cache.last(FLEET, "u2", "10.0.0.2").observed_at == later
+    cache.update(("new", "fleet"), [CachedView("u9", "10.0.0.9", T0, OK)])
+    assert cache.last(("new", "fleet"), "u9", "10.0.0.9") is not None

@@ -1,0 +1,95 @@
+"""One swap step that follows a pod through its runtime calls: detach, attach, verify, readmit.
+
+Why: the planner asks for at most one runtime call per pod per pass, and verifies each by the
+next pass's GET. Run as one pass per operator step, a drained pod needed three or four steps
+(detach, attach, verify + readmit), each paying a status write, a work-queue round trip and
+the runtime reads of every pod in flight; with eight pods out at once, those steps queued
+behind one another and were most of a swap's wall time. Here, when a pass's runtime call
+succeeds, only that pod's runtime is read again at once and the planner runs again on that
+fresh read, so a drained pod is detached, attached, verified and readmitted in one step.
+
+What keeps this as safe as one pass per step:
+
+- Every pass is the planner's own decision on observations it trusts: a pod re-read here is
+  fresh (read after its call); every other pod keeps its earlier read, which is stale for any
+  pod acted on in an earlier pass (``observed_at`` before its ``acted_at``), so the planner
+  only waits on it. A record created in this step therefore never gets a runtime call in this
+  step: its pod was not re-read. The persisted-record rule of the planner holds.
+- Gate patches that succeeded are applied to the observations (the API server acknowledged
+  them), so a later pass neither repeats them nor mistakes an admitted pod for a new one.
+- A failed call ends the loop: the error goes into the state (``apply_outcomes``) and the next
+  step reads the pod afresh, as before.
+- The operator may die between passes: what it did is what one pass per step could have done
+  before a crash (a call made, its record not yet persisted), and the next step re-derives
+  everything from observation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+from .actions import Action, ActionOutcome, Attach, Detach, Event, Plan, SetServingGate, apply_outcomes
+from .observation import PodObservation, RolloutSettings
+from .planner import plan_step
+from .state import SwapState
+from .storage_config import StorageConfig
+
+# detach -> attach -> verify (+ readmit): three passes carry a pod from drained to readmitted;
+# one more covers a retried call. Bounded so that a runtime accepting calls but never
+# converging cannot hold the step (the planner's call budget would stop it anyway).
+MAX_PASSES = 4
+
+_RUNTIME_FIELDS = ("backend", "in_flight", "queued", "runtime_error", "observed_at")
+
+Execute = Callable[[list[Action]], Awaitable[list[ActionOutcome]]]
+Reobserve = Callable[[list[str]], Awaitable[list[PodObservation]]]
+
+
+@dataclass
+class StepRun:
+    """What one step did: ``state`` (outcomes applied) is what to persist; ``plan`` is the
+    last pass's (its conditions and requeue hint are current)."""
+
+    plan: Plan
+    state: SwapState
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    passes: int = 0
+
+
+async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequence[PodObservation],
+                   settings: RolloutSettings, state: SwapState | Mapping[str, Any] | None, *,
+                   clock: Callable[[], datetime], execute: Execute, reobserve: Reobserve,
+                   max_passes: int = MAX_PASSES) -> StepRun:
+    """Plan and act, and again for the pods whose runtime call just succeeded (re-read by
+    ``reobserve``), up to ``max_passes`` times. ``clock`` gives the planner's ``now`` for each
+    pass; ``execute`` runs one pass's actions (at most one per pod) and never raises."""
+    seen = {o.name: o for o in observations}
+    run: StepRun | None = None
+    prior: SwapState | Mapping[str, Any] | None = state
+    for _ in range(max(1, max_passes)):
+        plan = plan_step(target, list(seen.values()), settings, prior, clock())
+        outcomes = await execute(plan.actions)
+        prior = apply_outcomes(plan.state, outcomes)
+        if run is None:
+            run = StepRun(plan=plan, state=prior)
+        run.plan, run.state, run.passes = plan, prior, run.passes + 1
+        run.actions += plan.actions
+        run.events += plan.events
+        for outcome in outcomes:
+            action = outcome.action
+            if outcome.error is None and isinstance(action, SetServingGate) and action.pod in seen:
+                seen[action.pod] = seen[action.pod].model_copy(update={"serving_gate": action.serving})
+        called = [o.action.pod for o in outcomes
+                  if o.error is None and isinstance(o.action, (Detach, Attach)) and o.action.pod in seen]
+        if not called:
+            break
+        for obs in await reobserve(called):
+            if obs.name in seen and obs.uid == seen[obs.name].uid:
+                # the runtime half is new; gate and endpoint stay as the watch (and this step's
+                # acknowledged patches) say
+                seen[obs.name] = seen[obs.name].model_copy(update={k: getattr(obs, k) for k in _RUNTIME_FIELDS})
+    assert run is not None
+    return run
