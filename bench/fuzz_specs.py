@@ -363,7 +363,7 @@ def run_fuzz(checker: Checker, examples: int, tally: Tally, *, bmp_only: bool = 
 
 def ensure_crd(cluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev", "--timeout=30s")
+    cluster.wait_established("hicachedeployments.hicache.dev")
 
 
 def main() -> int:

@@ -227,7 +227,7 @@ def measure(c: LocalCluster, a: argparse.Namespace,
     from kubernetes import client
 
     c.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    c.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev")
+    c.wait_established("hicachedeployments.hicache.dev")
     env = {"HICACHE_WORKERS": str(a.operator_workers)} if a.operator_workers else {}
     op = OperatorProcess(c, workdir, reconcile_interval=300, metrics_port=free_port(), extra_env=env).start()
     try:

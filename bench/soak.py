@@ -74,7 +74,7 @@ def main() -> None:
         c = LocalCluster(Path(tmp) / "cluster", nodes=[NodeSpec(f"gpu-{i}") for i in range(a.pods)]).start()
         try:
             c.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-            c.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev")
+            c.wait_established("hicachedeployments.hicache.dev")
             op = OperatorProcess(c, Path(tmp), reconcile_interval=10).start()
             ns, name = "soak", "soak"
             c.kubectl("create", "namespace", ns)

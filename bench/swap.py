@@ -239,7 +239,7 @@ def main() -> None:
         cluster = LocalCluster(Path(tmp) / "cluster", nodes=nodes).start()
         try:
             cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-            cluster.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev")
+            cluster.wait_established("hicachedeployments.hicache.dev")
             op = OperatorProcess(cluster, Path(tmp), reconcile_interval=10).start()
             for n in sizes:
                 for mu in budgets:

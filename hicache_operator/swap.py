@@ -39,7 +39,6 @@ from hicache_operator.rollout import (
     Event,
     PodObservation,
     RolloutSettings,
-    Phase,
     SetServingGate,
     Step,
     storage_fingerprint,
@@ -112,29 +111,32 @@ async def _read(http: httpx.AsyncClient, pod: dict, key: str | None) -> CachedVi
 
 async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[dict], endpoints: dict[str, bool],
                    records: dict[str, str], key: str | None,
-                   defer_refresh: bool = False) -> tuple[list[PodObservation], list[dict]]:
+                   rolling: bool = False) -> tuple[list[PodObservation], list[CachedView]]:
     """Each pod as seen now: gate and endpoint from the watches, runtime from a GET made now,
-    or an earlier read where a new one could not change the plan:
+    or an earlier read where a new one could not change the plan, or need not come first:
 
     - a settled pod (no record, gate True, endpoint ready) and one being readmitted with its
       gate already True: its recent read (see ``rollout.view_cache``); what the latter still
       waits for (its endpoint turning ready) comes from the watch;
-    - with ``defer_refresh`` (a swap in progress), a settled pod whose last read succeeded but
-      is too old to reuse: that read all the same, and the pod is returned for a re-read after
-      the step has acted. Those reads only pick the next pods to take out; waiting for them
-      put a GET round trip of a busy runtime between one pod's endpoint turning ready and the
-      next pod's drain. A pod taken out on such a read that turns out to be on the target is
-      readmitted by the next step, as with any reused read;
+    - while a rollout runs or starts (``rolling``), a settled pod whose last read succeeded but
+      is too old to reuse: that read all the same, and it is returned to be read again while
+      the step acts (``renew``). (A settled fleet's periodic step reads every pod first: it is
+      how drift nobody reported is found.) Those reads only
+      pick the pods to take out next; waiting for them put a GET round trip of a busy runtime
+      before the first drain of a rollout (a read of every pod) and between one pod's endpoint
+      turning ready and the next pod's drain. A pod taken out on such a read that turns out to
+      be on the target is readmitted by the next step, as with any reused read, and a renewed
+      read that differs from the one planned on brings the next step at once;
     - a pod taken out (gate False) whose endpoint is still ready: its last read, whatever its
       age. It is stale for the planner (older than the pod's last action), which only waits:
       no runtime call is made while the pod is routable, and the next step comes with the
       EndpointSlice event that marks it not ready.
 
     ``records``: pod name -> the step of its swap record. Returns the observations and the
-    pods to re-read after acting."""
+    reads to renew."""
     now = dt.datetime.now(dt.timezone.utc)
     kept: list[CachedView] = []
-    refresh: list[dict] = []
+    renew: list[CachedView] = []
 
     async def one(pod: dict) -> PodObservation:
         meta, status = pod["metadata"], pod.get("status") or {}
@@ -145,11 +147,11 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
             settled = gate is True and step is None and endpoint_ready is True
             if settled or gate is True and step == READMITTING:
                 read = VIEWS.reusable(fleet, meta["uid"], ip, now)
-                if read is None and settled and defer_refresh:
+                if read is None and settled and rolling:
                     last = VIEWS.last(fleet, meta["uid"], ip)
-                    if last is not None and last.view.backend is not None:
+                    if last is not None and last.view.backend is not None and last.view.error is None:
                         read = last
-                        refresh.append(pod)
+                        renew.append(last)
             elif gate is False and endpoint_ready is True and step is not None:
                 read = VIEWS.last(fleet, meta["uid"], ip)
             if read is None:
@@ -158,7 +160,7 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
         return _observation(pod, endpoints, read)
     observations = list(await asyncio.gather(*(one(p) for p in pods)))
     VIEWS.replace(fleet, kept)
-    return observations, refresh
+    return observations, renew
 
 
 def _set_gate(core: client.CoreV1Api, namespace: str, action: SetServingGate, target_hash: str,
@@ -228,16 +230,17 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     records = {name: (rec.get("step") if isinstance(rec, dict) else None) for name, rec in recorded.items()} \
         if isinstance(recorded, dict) else {}  # unreadable: the planner says so
     by_name = {p["metadata"]["name"]: p for p in pods}
+    by_uid = {p["metadata"]["uid"]: p for p in pods}
     timings: dict[str, float] = {}
 
     async def observe_plan_act() -> StepRun:
         async with shared_client() as http:
-            in_progress = isinstance(swap_state, dict) and swap_state.get("phase") == Phase.IN_PROGRESS.value
-            observations, refresh = await _observe(http, (ns, name), pods, endpoints, records, key,
-                                                   defer_refresh=in_progress)
+            rolling = isinstance(swap_state, dict) and (swap_state.get("phase") == "InProgress" or
+                                                        swap_state.get("target") != storage_fingerprint(target))
+            observations, renew = await _observe(http, (ns, name), pods, endpoints, records, key, rolling)
             timings["observe"] = time.monotonic()
-            # stale reads of settled pods are renewed while the step acts, for the next step
-            refreshing = asyncio.gather(*(_read(http, p, key) for p in refresh))
+            # old reads of settled pods are renewed while the step acts, for the next step
+            renewing = asyncio.gather(*(_read(http, by_uid[v.uid], key) for v in renew))
 
             async def execute(actions: list) -> list[ActionOutcome]:
                 return await _execute(http, core, ns, actions, ips, key, render.storage_hash(spec),
@@ -251,23 +254,29 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
 
             run = await run_step(target, observations, settings, swap_state,
                                  clock=lambda: dt.datetime.now(dt.timezone.utc), execute=execute, reobserve=reobserve)
-            timings["act"], timings["refreshed"] = time.monotonic(), len(refresh)
-            VIEWS.update((ns, name), await refreshing)
+            timings["act"], timings["renewed"] = time.monotonic(), len(renew)
+            renewed = await renewing
+            VIEWS.update((ns, name), renewed)
+            # planned on a read that no longer holds: look again at once
+            timings["changed"] = any((new.view.backend, new.view.error) != (old.view.backend, old.view.error)
+                                     for old, new in zip(renew, renewed))
             return run
 
     run = asyncio.run(observe_plan_act())
     plan = run.plan
     t_end = time.monotonic()
     metrics.SWAP_STEP_SECONDS.observe(t_end - t0)
-    log.info("swap step %s/%s at=%.3f (%s) observe=%.3f plan+act=%.3f passes=%d refresh=%d/%.3f actions=%s",
+    log.info("swap step %s/%s at=%.3f (%s) observe=%.3f plan+act=%.3f passes=%d renewed=%d/%.3f%s actions=%s",
              ns, name, wall0, why, timings["observe"] - t0, timings["act"] - timings["observe"], run.passes,
-             timings["refreshed"], t_end - timings["act"],
+             timings["renewed"], t_end - timings["act"], " (changed)" if timings["changed"] else "",
              ",".join(f"{type(a).__name__}:{a.pod}{':' + str(a.serving) if isinstance(a, SetServingGate) else ''}"
                       for a in run.actions) or "-")
     # After acting, look again at once (a readmission's endpoint, or a call that failed, is
     # judged by the next step; nothing in Kubernetes may change to trigger it); otherwise when
     # the planner says.
     requeue = AFTER_ACTIONS_SECONDS if plan.actions and plan.requeue_after is not None else plan.requeue_after
+    if timings["changed"]:
+        requeue = AFTER_ACTIONS_SECONDS
     return SwapStep(run.state.to_status(), plan.conditions, run.events, requeue)
 
 

@@ -15,8 +15,9 @@ drain. So a settled pod's last read is reused for a few seconds:
 - re-read after ``refresh_seconds`` (stretched by up to 2x per pod, from its uid, so a fleet
   read in one step is not re-read all in one later step).
 
-During a swap a settled pod's expired read is still used for that step's plan and renewed
-while the step acts (``swap._observe``), so the rollout never waits on a settled pod's GET.
+While a rollout runs or starts, a settled pod's expired read is still used for that step's
+plan and renewed while the step acts (``swap._observe``), so a rollout never waits on a
+settled pod's GET (its first step used to read the whole fleet before the first drain).
 
 A reused read keeps the time it was made as ``observed_at``, so nothing downstream mistakes it
 for a fresh one. What it can cost: a pod whose runtime changed behind the operator's back (it

@@ -326,6 +326,20 @@ class LocalCluster:
         return self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0
 
     # ---- helpers ------------------------------------------------------------------------
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Until the CRD is Established. ``kubectl wait --for=condition=Established`` fails at
+        once, instead of waiting, while a just-created CRD has no status.conditions yet
+        ("accessor error: <nil>"), which made test setups flaky."""
+        deadline = time.monotonic() + timeout
+        query = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+        while True:
+            res = self.kubectl("get", f"crd/{crd}", "-o", query, check=False)
+            if res.returncode == 0 and res.stdout.strip() == "True":
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"CRD {crd} not Established after {timeout:.0f}s: {res.stdout or res.stderr}")
+            time.sleep(0.2)
+
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
                 timeout: float = 120) -> subprocess.CompletedProcess:
         res = subprocess.run([self._bin("kubectl"), *args], env=self.env(), text=True, input=input,

@@ -139,7 +139,7 @@ def test_cel_rule_rejected_by_the_real_apiserver(cluster):
                          "x-kubernetes-validations": [{"rule": "self.ratio > 1.0",
                                                        "message": "ratio must be greater than 1"}]}}}}}]}}
     cluster.kubectl_apply([crd])
-    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.smoke.hicache.dev", "--timeout=30s")
+    cluster.wait_established("widgets.smoke.hicache.dev")
     bad = {"apiVersion": "smoke.hicache.dev/v1", "kind": "Widget",
            "metadata": {"name": "w", "namespace": "default"}, "spec": {"ratio": 0.5}}
     res = wait_for(lambda: (lambda r: r if "not found" not in r.stderr else None)(

@@ -40,7 +40,7 @@ def own_cluster(tmp_path_factory):
         pytest.skip("restarts a control plane this run started")
     c = LocalCluster(tmp_path_factory.mktemp("faults-cluster"), nodes=default_nodes(2, 0)).start()
     c.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    c.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev", "--timeout=30s")
+    c.wait_established("hicachedeployments.hicache.dev")
     yield c
     c.stop()
 

@@ -32,7 +32,7 @@ def expected_error(path: Path) -> str:
 @pytest.fixture(scope="module")
 def operator(cluster, tmp_path_factory):
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev", "--timeout=30s")
+    cluster.wait_established("hicachedeployments.hicache.dev")
     op = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"), reconcile_interval=2).start()
     yield op
     op.stop()

@@ -20,7 +20,7 @@ NAME = "sec"
 @pytest.fixture(scope="module")
 def live(cluster, tmp_path_factory):
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/hicachedeployments.hicache.dev", "--timeout=30s")
+    cluster.wait_established("hicachedeployments.hicache.dev")
     cluster.kubectl("create", "namespace", NS)
     op = OperatorProcess(cluster, tmp_path_factory.mktemp("operator-sec"), reconcile_interval=5).start()
     doc = yaml.safe_load((REPO / "manifests" / "samples" / "bundled-minimal.yaml").read_text())
