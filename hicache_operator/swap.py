@@ -120,13 +120,13 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
       waits for (its endpoint turning ready) comes from the watch;
     - while a rollout runs or starts (``rolling``), a settled pod whose last read succeeded but
       is too old to reuse: that read all the same, and it is returned to be read again while
-      the step acts (``renew``). (A settled fleet's periodic step reads every pod first: it is
-      how drift nobody reported is found.) Those reads only
-      pick the pods to take out next; waiting for them put a GET round trip of a busy runtime
-      before the first drain of a rollout (a read of every pod) and between one pod's endpoint
-      turning ready and the next pod's drain. A pod taken out on such a read that turns out to
-      be on the target is readmitted by the next step, as with any reused read, and a renewed
-      read that differs from the one planned on brings the next step at once;
+      the step acts (``renew``). Those reads only pick the pods to take out next; waiting for
+      them put a GET round trip of a busy runtime before the first drain of a rollout (a read
+      of every pod) and between one pod's endpoint turning ready and the next pod's drain. A
+      pod taken out on such a read that turns out to be on the target is readmitted by the
+      next step, as with any reused read, and a renewed read that differs from the one
+      planned on brings the next step at once. A settled fleet's periodic step still reads
+      every pod first: it is how drift nobody reported is found;
     - a pod taken out (gate False) whose endpoint is still ready: its last read, whatever its
       age. It is stale for the planner (older than the pod's last action), which only waits:
       no runtime call is made while the pod is routable, and the next step comes with the
