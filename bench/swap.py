@@ -227,7 +227,8 @@ def main() -> None:
     ap.add_argument("--max-unavailable", default="1,8", help="rollout.maxUnavailable values, comma-separated")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--timeline", type=Path, metavar="DIR",
-                    help="write each run's timeline (pod, endpoint and operator-step events) here")
+                    help="write each run's timeline (pod, endpoint and operator-step events) "
+                         "and the operator's log here")
     a = ap.parse_args()
     sizes = [int(x) for x in a.pods.split(",")]
     budgets = [int(x) for x in a.max_unavailable.split(",")]
@@ -237,6 +238,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hicache-swapbench-") as tmp:
         nodes = [NodeSpec(f"gpu-{i}", gpus=8, memory="1Ti") for i in range(max(sizes))]
         cluster = LocalCluster(Path(tmp) / "cluster", nodes=nodes).start()
+        op = None
         try:
             cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
             cluster.wait_established("hicachedeployments.hicache.dev")
@@ -251,6 +253,9 @@ def main() -> None:
             op.stop()
         finally:
             cluster.stop()
+            if a.timeline is not None and op is not None and op.log.exists():
+                a.timeline.mkdir(parents=True, exist_ok=True)
+                (a.timeline / "operator.log").write_bytes(op.log.read_bytes())
     out = {"results": results, "goal": {"ratio_max": 1.2, "failed_requests": 0}}
     print(json.dumps(out, indent=2))
     if a.json_out:

@@ -8,14 +8,15 @@ timers and a finalizer per object) made the operator slow and large. Now:
   reconcile that applies the children; our own status writes queue nothing.
 - Pod events (pods we manage) queue a status refresh of their owner, which also admits new pods
   through the serving gate and moves a swap on; urgent while that owner has a swap in flight.
-- EndpointSlice events (of our Services) queue the owner while a swap is in flight (drains and
-  readmissions wait on endpoints).
+- EndpointSlice events that change an endpoint's readiness in the client Service queue the
+  owner while a swap is in flight or a swap step runs (drains and readmissions wait on them).
 - Nodes: ``nodecache.NodeCache`` lists and watches them itself, keeping only what sizing reads;
   workers wait for its first listing, and a change that matters for sizing queues every
   deployment, which reports "no longer fits".
 - Two periodic loops: a resync of every deployment (applies children, steps swaps, repairs drift
-  nobody reported) and a short swap poll of deployments with a swap in flight (a drain finishes
-  without any Kubernetes event), so no handler ever sleeps.
+  nobody reported) and a short swap poll of deployments with a swap in flight that no step has
+  visited within SWAP_POLL (a drain finishes without any Kubernetes event), so no handler ever
+  sleeps.
 
 No kopf change handlers or timers on HiCacheDeployments means no finalizer and no annotations
 written on them: deletion is left to the garbage collector through owner references.
@@ -72,7 +73,9 @@ class Controller:
         self.known: dict[Key, float] = {}  # deployment -> when its next resync is due (monotonic)
         self._known_guard = threading.Lock()
         self.swapping: set[Key] = set()  # deployments whose last status has a swap in flight
+        self.stepping: set[Key] = set()  # deployments in a swap step whose status is not yet written
         self.pod_identities: dict[tuple[Key, str], tuple] = {}  # (deployment, pod) -> pod_identity
+        self.slice_readiness: dict[tuple[str, str], dict[str, bool]] = {}  # (namespace, client slice) -> IP -> ready
         self.stop = threading.Event()
         self._started = False
         self._start_guard = threading.Lock()
@@ -111,11 +114,25 @@ class Controller:
         if changed or not swapping:
             self.enqueue(key, Request("pod", urgent=swapping))
 
-    def slice_event(self, key: Key, service: str | None) -> None:
-        """A swap step waits on the client Service's endpoints; other slice changes are not
-        news to it. The headless Service's slices (published not-ready) change with every
-        readiness flip, and the steps they started only held the deployment."""
-        if key in self.swapping and service == render.names(key[1])["service"]:
+    def slice_event(self, key: Key, service: str | None, slice_name: str, readiness: dict[str, bool] | None) -> None:
+        """A swap step waits on the readiness of the client Service's endpoints; other slice
+        changes are not news to it. The headless Service's slices (published not-ready) change
+        with every readiness flip, and a slice update that leaves every address's readiness as
+        it was (serving, terminating, a hint) has nothing for a step: the steps they started only
+        held the deployment. ``readiness``: ``slice_readiness`` of the slice, None if deleted.
+        A step in progress counts as a swap in flight: the first step of a rollout takes pods
+        out before its status (which starts the swap) is written, and the EndpointSlice events
+        that follow may come first."""
+        if service != render.names(key[1])["service"]:
+            return
+        with self._known_guard:
+            slot = (key[0], slice_name)
+            changed = self.slice_readiness.get(slot) != readiness
+            if readiness is None:
+                self.slice_readiness.pop(slot, None)
+            else:
+                self.slice_readiness[slot] = readiness
+        if changed and (key in self.swapping or key in self.stepping):
             self.enqueue(key, Request("endpointslice", urgent=True))
 
     def cached_pods(self, key: Key) -> list[dict]:
@@ -161,6 +178,7 @@ class Controller:
                 delay = self.queue.retry(key, request)
                 log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
             finally:
+                self.stepping.discard(key)
                 self.queue.done(key)
 
     def track(self, key: Key) -> None:
@@ -190,8 +208,15 @@ class Controller:
                 self.enqueue(key, Request("resync", apply=True))
 
     def _swap_poll_loop(self) -> None:
-        while not self.stop.wait(SWAP_POLL):
-            for key in list(self.swapping):
+        """A step at least every SWAP_POLL while a swap is in flight (a drain ends without any
+        Kubernetes event), counted from the key's last step: steps the watches started already
+        looked, and a poll right after one only held the deployment when the next event came."""
+        while not self.stop.wait(SWAP_POLL / 4):
+            self.swap_poll()
+
+    def swap_poll(self) -> None:
+        for key in list(self.swapping):
+            if self.queue.quiet_for(key) >= SWAP_POLL:
                 self.enqueue(key, Request("swap", urgent=True))
 
 
@@ -292,6 +317,7 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
             spec = p.outcome.spec
             if p.outcome.ok and spec is not None and (pods or swap.pending(previous)) and (
                     request.trigger == "resync" or swap.needed(previous, spec, pods)):
+                ctl.stepping.add(key)  # until its status is written (see slice_event)
                 return _swap_step(ctl, raw, spec, pods, why)
             return None
         try:
@@ -472,10 +498,12 @@ async def on_pod(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.I
 
 
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={labels.MANAGED_BY: labels.MANAGER})
-async def on_endpointslice(body: kopf.Body, namespace: str, pod_index: kopf.Index, slice_index: kopf.Index,
-                           **_: Any) -> None:
+async def on_endpointslice(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index,
+                           slice_index: kopf.Index, **_: Any) -> None:
     controller.start(pod_index, slice_index)
     owner = _owner(body)
     if owner:
-        controller.slice_event((namespace, owner),
-                               ((body.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name"))
+        meta = body.get("metadata") or {}
+        controller.slice_event((namespace, owner), (meta.get("labels") or {}).get("kubernetes.io/service-name"),
+                               meta.get("name", ""),
+                               None if event.get("type") == "DELETED" else swap.slice_readiness(body))

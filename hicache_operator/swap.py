@@ -43,7 +43,7 @@ from hicache_operator.rollout import (
     Step,
     storage_fingerprint,
 )
-from hicache_operator.rollout.follow_through import StepRun, run_step
+from hicache_operator.rollout.follow_through import StepRun, run_step, watch_will_follow
 from hicache_operator.rollout.runtime_client import RuntimeClient, shared_client
 from hicache_operator.rollout.view_cache import CachedView, ViewCache
 from hicache_operator.spec import HiCacheDeploymentSpec
@@ -271,11 +271,11 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
              timings["renewed"], t_end - timings["act"], " (changed)" if timings["changed"] else "",
              ",".join(f"{type(a).__name__}:{a.pod}{':' + str(a.serving) if isinstance(a, SetServingGate) else ''}"
                       for a in run.actions) or "-")
-    # After acting, look again at once (a readmission's endpoint, or a call that failed, is
-    # judged by the next step; nothing in Kubernetes may change to trigger it); otherwise when
-    # the planner says.
-    requeue = AFTER_ACTIONS_SECONDS if plan.actions and plan.requeue_after is not None else plan.requeue_after
-    if timings["changed"]:
+    # After acting, look again at once unless a watch event will bring the next step (a failed
+    # call, a gate patch that changes no endpoint); likewise when a renewed read no longer
+    # holds. Otherwise when the planner says.
+    requeue = plan.requeue_after
+    if (run.actions and plan.requeue_after is not None and not watch_will_follow(run)) or timings["changed"]:
         requeue = AFTER_ACTIONS_SECONDS
     return SwapStep(run.state.to_status(), plan.conditions, run.events, requeue)
 

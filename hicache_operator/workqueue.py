@@ -54,6 +54,7 @@ class WorkQueue:
         self._delayed: list[tuple[float, int, Hashable, Request]] = []
         self._seq = 0
         self._failures: dict[Hashable, int] = {}
+        self._last_active: dict[Hashable, float] = {}  # when the key was last taken or done
         self._closed = False
 
     def add(self, key: Hashable, request: Request) -> None:
@@ -107,6 +108,7 @@ class WorkQueue:
                 if queue:
                     key = queue.popleft()
                     self._processing.add(key)
+                    self._last_active[key] = self._clock()
                     return key, self._waiting.pop(key)
                 wait = None if not self._delayed else max(0.0, self._delayed[0][0] - self._clock())
                 if deadline is not None:
@@ -125,6 +127,7 @@ class WorkQueue:
     def done(self, key: Hashable) -> None:
         with self._cond:
             self._processing.discard(key)
+            self._last_active[key] = self._clock()
             if key in self._waiting:  # re-added while processing
                 (self._urgent if self._waiting[key].urgent else self._routine).append(key)
                 self._cond.notify()
@@ -133,6 +136,17 @@ class WorkQueue:
         """The object is gone: drop its backoff history (a queued request finds it missing)."""
         with self._cond:
             self._failures.pop(key, None)
+            self._last_active.pop(key, None)
+
+    def quiet_for(self, key: Hashable) -> float:
+        """Seconds since the key was last processed (0 while queued or processing; infinite if
+        never): a poll that only has to guarantee a step every so often need not add another
+        right after one."""
+        with self._cond:
+            if key in self._processing or key in self._waiting:
+                return 0.0
+            last = self._last_active.get(key)
+            return float("inf") if last is None else self._clock() - last
 
     def depth(self) -> int:
         with self._cond:

@@ -55,8 +55,10 @@ class StepRun:
     plan: Plan
     state: SwapState
     actions: list[Action] = field(default_factory=list)
+    outcomes: list[ActionOutcome] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     passes: int = 0
+    observed: dict[str, PodObservation] = field(default_factory=dict)
 
 
 async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequence[PodObservation],
@@ -77,6 +79,7 @@ async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequ
             run = StepRun(plan=plan, state=prior)
         run.plan, run.state, run.passes = plan, prior, run.passes + 1
         run.actions += plan.actions
+        run.outcomes += outcomes
         run.events += plan.events
         for outcome in outcomes:
             action = outcome.action
@@ -92,4 +95,29 @@ async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequ
                 # acknowledged patches) say
                 seen[obs.name] = seen[obs.name].model_copy(update={k: getattr(obs, k) for k in _RUNTIME_FIELDS})
     assert run is not None
+    run.observed = seen
     return run
+
+
+def watch_will_follow(run: StepRun) -> bool:
+    """Whether what this step did will be answered by a watch event that starts the next step,
+    so no prompt requeue is needed (the swap poll still comes if the event does not).
+
+    Why: a requeue 50 ms after every step that acted ran before the EndpointSlice event the
+    next step waits for (80-150 ms after a gate patch); that empty step then held the
+    deployment while the event arrived, and the wait it added sat between one pod's readmission
+    and the next pod's drain. An event follows when every action succeeded, the follow-through
+    was not cut short by ``MAX_PASSES`` (the last pass made no runtime call), and every gate
+    patch changes its pod's endpoint: taken out while ready, or admitted while not ready. A gate
+    set False on a pod with no ready endpoint changes nothing a watch reports."""
+    if any(o.error is not None for o in run.outcomes):
+        return False
+    if any(isinstance(a, (Detach, Attach)) for a in run.plan.actions):
+        return False
+    for action in run.actions:
+        if isinstance(action, SetServingGate):
+            seen = run.observed.get(action.pod)
+            ready = seen.endpoint_ready if seen is not None else None
+            if (ready is True) == action.serving:
+                return False
+    return True

@@ -1,11 +1,15 @@
 """Which pod and EndpointSlice events queue a reconcile. Pod events: all of them, except
 during a backend swap those that change nothing a swap step reads at once (a gate or Ready
 flip: the EndpointSlice event that follows is what the step waits for). EndpointSlice events:
-during a swap, those of the client Service."""
+during a swap, those of the client Service that change an endpoint's readiness. The swap poll:
+only for a deployment not stepped within the interval."""
 
 from __future__ import annotations
 
-from hicache_operator.handlers import Controller, pod_identity
+import pytest
+
+from hicache_operator.handlers import SWAP_POLL, Controller, pod_identity
+from hicache_operator.workqueue import Request, WorkQueue
 
 KEY = ("ns", "fleet")
 
@@ -61,13 +65,50 @@ def test_forgetting_a_deployment_forgets_its_pods():
     assert ctl.pod_identities == {}
 
 
-def test_only_the_client_services_slices_queue_a_swap_step():
+def test_only_readiness_changes_in_the_client_services_slices_queue_a_swap_step():
     ctl = Controller()
-    ctl.slice_event(KEY, "fleet")
+    ctl.slice_event(KEY, "fleet", "fleet-abc", {"10.0.0.1": True})
     assert queued(ctl) == []  # no swap in flight
     ctl.swapping.add(KEY)
-    ctl.slice_event(KEY, "fleet-pods")  # the headless Service
-    ctl.slice_event(KEY, None)
+    ctl.slice_event(KEY, "fleet-pods", "fleet-pods-x", {"10.0.0.1": False})  # the headless Service
+    ctl.slice_event(KEY, None, "other", {"10.0.0.1": False})
+    ctl.slice_event(KEY, "fleet", "fleet-abc", {"10.0.0.1": True})  # e.g. only `serving` changed
     assert queued(ctl) == []
-    ctl.slice_event(KEY, "fleet")
+    ctl.slice_event(KEY, "fleet", "fleet-abc", {"10.0.0.1": False})
     assert [(k, r.trigger, r.urgent) for k, r in queued(ctl)] == [(KEY, "endpointslice", True)]
+    ctl.slice_event(KEY, "fleet", "fleet-def", {"10.0.0.2": True})  # a second slice of the Service
+    assert len(queued(ctl)) == 1
+    ctl.slice_event(KEY, "fleet", "fleet-def", None)  # deleted
+    assert len(queued(ctl)) == 1
+    ctl.slice_event(KEY, "fleet", "fleet-def", None)  # a repeated DELETED says nothing new
+    assert queued(ctl) == []
+
+
+def test_the_swap_poll_skips_a_deployment_stepped_within_the_interval():
+    clock = [100.0]
+    ctl = Controller()
+    ctl.queue = WorkQueue(clock=lambda: clock[0])
+    assert ctl.queue.quiet_for(KEY) == float("inf")
+    ctl.queue.add(KEY, Request("pod"))
+    assert ctl.queue.quiet_for(KEY) == 0.0  # queued
+    key, _ = ctl.queue.get(timeout=0)
+    clock[0] += 0.3
+    assert ctl.queue.quiet_for(KEY) == 0.0  # processing
+    ctl.queue.done(key)
+    clock[0] += 0.4
+    assert ctl.queue.quiet_for(KEY) == pytest.approx(0.4)
+    ctl.swapping.add(KEY)
+    ctl.swap_poll()
+    assert queued(ctl) == []  # stepped 0.4 s ago
+    clock[0] += SWAP_POLL
+    ctl.swap_poll()
+    assert [(k, r.trigger) for k, r in queued(ctl)] == [(KEY, "swap")]
+    ctl.queue.forget(KEY)
+    assert ctl.queue.quiet_for(KEY) == float("inf")
+
+
+def test_a_swap_step_in_progress_hears_the_slices_before_its_status_starts_the_swap():
+    ctl = Controller()
+    ctl.stepping.add(KEY)  # the first step of a rollout, its status not yet written
+    ctl.slice_event(KEY, "fleet", "fleet-abc", {"10.0.0.1": False})
+    assert [(r.trigger, r.urgent) for _, r in queued(ctl)] == [("endpointslice", True)]

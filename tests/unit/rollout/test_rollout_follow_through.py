@@ -4,7 +4,10 @@ routable or before the pod's swap record (its rollback target) was persisted."""
 
 from __future__ import annotations
 
+import asyncio
+
 from hicache_operator.rollout import Attach, Detach, RolloutSettings, SetServingGate
+from hicache_operator.rollout.follow_through import run_step, watch_will_follow
 
 from .rollout_fleet_sim import CONFIGS, Fleet, SimRuntime
 
@@ -105,3 +108,55 @@ def test_a_new_pod_is_admitted_once_while_another_is_swapped():
     assert _calls(fleet.last_actions) == [("Detach", "cache-0"), ("Attach", "cache-0")]
     admissions = [x for x in fleet.last_actions if isinstance(x, SetServingGate) and x.pod == "cache-1"]
     assert len(admissions) == 1 and admissions[0].serving is True
+
+
+def test_a_watch_event_answers_taking_out_a_routable_pod_and_readmitting_a_swapped_one():
+    """No prompt requeue after these steps: the EndpointSlice change they cause starts the next."""
+    fleet = Fleet(1, "file", follow_through=True, seed=3)
+    fleet.set_target("mooncake")
+    fleet.tick()
+    fleet.step()
+    assert [(type(a).__name__, a.serving) for a in fleet.last_actions] == [("SetServingGate", False)]
+    assert watch_will_follow(fleet.last_run)  # its endpoint was ready
+    _until(fleet, lambda: _calls(fleet.last_actions))
+    assert isinstance(fleet.last_actions[-1], SetServingGate) and fleet.last_actions[-1].serving
+    assert watch_will_follow(fleet.last_run)  # its endpoint was not ready
+
+
+def test_no_watch_event_answers_a_failed_call_a_cut_short_follow_through_or_a_gate_that_moves_no_endpoint():
+    fleet = Fleet(1, "file", follow_through=True, seed=3)
+    fleet.set_target("refused")
+    _until(fleet, lambda: ("Attach", "cache-0") in _calls(fleet.last_actions))
+    assert not watch_will_follow(fleet.last_run)  # the attach failed
+
+    cut = Fleet(1, "file", follow_through=True, seed=3)
+    cut.set_target("mooncake")
+    cut.tick()
+    cut.step()  # taken out
+    for _ in range(6):  # drained, the operator idle
+        cut.tick()
+    assert cut.pods["cache-0"].endpoint_ready is False and not cut.pods["cache-0"].busy()
+    run = asyncio.run(run_step(cut.target, cut.observe(), cut.settings, cut.persisted,
+                               clock=lambda: cut.clock, execute=_run_on(cut), reobserve=_reread(cut),
+                               max_passes=1))
+    assert _calls(run.actions) == [("Detach", "cache-0")]
+    assert not watch_will_follow(run)  # the follow-through stopped after a runtime call
+
+    idle = Fleet(2, "file", follow_through=True, seed=1, max_unavailable=2)
+    idle.pods["cache-1"].endpoint_ready = False  # not routable already: taking it out changes no endpoint
+    idle.set_target("mooncake")
+    idle.step()
+    assert {(a.pod, a.serving) for a in idle.last_actions} == {("cache-0", False), ("cache-1", False)}
+    assert not watch_will_follow(idle.last_run)
+
+
+def _run_on(fleet: Fleet):
+    async def execute(actions):
+        return [fleet.execute(a) for a in actions]
+    return execute
+
+
+def _reread(fleet: Fleet):
+    async def reobserve(names):
+        return fleet.observe(names)
+    return reobserve
