@@ -64,15 +64,19 @@ class StepRun:
 async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequence[PodObservation],
                    settings: RolloutSettings, state: SwapState | Mapping[str, Any] | None, *,
                    clock: Callable[[], datetime], execute: Execute, reobserve: Reobserve,
-                   max_passes: int = MAX_PASSES) -> StepRun:
+                   on_plan: Callable[[Plan], None] | None = None, max_passes: int = MAX_PASSES) -> StepRun:
     """Plan and act, and again for the pods whose runtime call just succeeded (re-read by
     ``reobserve``), up to ``max_passes`` times. ``clock`` gives the planner's ``now`` for each
-    pass; ``execute`` runs one pass's actions (at most one per pod) and never raises."""
+    pass; ``execute`` runs one pass's actions (at most one per pod) and never raises; ``on_plan``
+    sees each pass's plan before its actions run (the fleet simulator notes its Events there: a
+    pod whose rollback failed is readmitted in the pass that reports it)."""
     seen = {o.name: o for o in observations}
     run: StepRun | None = None
     prior: SwapState | Mapping[str, Any] | None = state
     for _ in range(max(1, max_passes)):
         plan = plan_step(target, list(seen.values()), settings, prior, clock())
+        if on_plan is not None:
+            on_plan(plan)
         outcomes = await execute(plan.actions)
         prior = apply_outcomes(plan.state, outcomes)
         if run is None:

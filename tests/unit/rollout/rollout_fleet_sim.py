@@ -293,11 +293,11 @@ class Fleet:
 
         try:
             run = asyncio.run(run_step(self.target, self.observe(), self.settings, self.persisted,
-                                       clock=clock, execute=execute, reobserve=reobserve))
+                                       clock=clock, execute=execute, reobserve=reobserve,
+                                       on_plan=lambda plan: self._note(plan.events, plan.state)))
         except Died:
             return self.last_plan
         self.last_plan, self.last_actions, self.last_run = run.plan, run.actions, run
-        self._note(run.events, run.state)
         self._check_state(run.state)
         if crash in ("ok", "reorder"):
             self.persisted = json.loads(json.dumps(run.state.to_status()))
@@ -382,6 +382,8 @@ class Fleet:
         pod.last_flaky = False
         if pod.gate is not False:
             raise InvariantBroken(f"{call} on {pod.name} while its serving gate is {pod.gate}")
+        if pod.endpoint_ready is True:
+            raise InvariantBroken(f"{call} on {pod.name} while its endpoint is ready (routable)")
         record = ((self.persisted or {}).get("pods") or {}).get(pod.name) or {}
         if record.get("uid") != pod.uid:
             # what lets a restarted operator roll the pod back: its `previous`, persisted first
