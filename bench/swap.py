@@ -208,7 +208,7 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
         lines += [(t, f"operator step {text}") for t, text in operator_steps(op.log, log_offset, ns)]
         (timeline_dir / f"{ns}.txt").write_text("".join(f"{t - t0:9.3f} {text}\n" for t, text in sorted(lines)))
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
-    return {"pods": pods, "max_unavailable": max_unavailable, "wall_s": round(wall, 2),
+    return {"pods": pods, "max_unavailable": max_unavailable, "started_at_unix": round(t0, 3), "wall_s": round(wall, 2),
             "wall_until_status_complete_s": round(wall_status, 2),
             "per_pod_procedure_s_mean": round(per_pod_mean, 3),
             "per_pod_procedure_s_median": round(statistics.median(per_pod), 3) if per_pod else None,

@@ -328,28 +328,37 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
             _report_refused(ctl, key, raw, refused)
             metrics.RECONCILES.labels(request.trigger, "invalid").inc()
             return None
-        requeue = _merge_swap_step(raw, result, result.alongside) if result.alongside is not None else None
-        status = {**previous, **result.status}
-        write = (lambda: _write_status(ctl, key, status)) if status != previous else (lambda: True)
-        if result.workload is None:
-            stored = write()
-        else:  # the StatefulSet goes out while the status is written: nothing in the status depends on it
-            writing = _kube().submit(write)
-            try:
-                result.workload()
-            except ChildRefused as refused:
-                wait([writing])
-                _report_refused(ctl, key, ctl.bodies.get(key) or raw, refused)
-                metrics.RECONCILES.labels(request.trigger, "invalid").inc()
+        try:  # the swap step's last gate patches go out while the status is written
+            requeue = _merge_swap_step(raw, result, result.alongside) if result.alongside is not None else None
+            status = {**previous, **result.status}
+            write = (lambda: _write_status(ctl, key, status)) if status != previous else (lambda: True)
+            if result.workload is None:
+                stored = write()
+            else:  # the StatefulSet goes out while the status is written: nothing in the status depends on it
+                writing = _kube().submit(write)
+                try:
+                    result.workload()
+                except ChildRefused as refused:
+                    wait([writing])
+                    _report_refused(ctl, key, ctl.bodies.get(key) or raw, refused)
+                    metrics.RECONCILES.labels(request.trigger, "invalid").inc()
+                    return None
+                except BaseException:
+                    wait([writing])
+                    if not writing.exception() and post_findings:  # the status now has this generation:
+                        _post(raw, result, previous)  # the retry would not post its findings again
+                    raise
+                stored = writing.result()
+            if not stored:
                 return None
-            except BaseException:
-                wait([writing])
-                if not writing.exception() and post_findings:  # the status now has this generation:
-                    _post(raw, result, previous)  # the retry would not post its findings again
-                raise
-            stored = writing.result()
-        if not stored:
-            return None
+        finally:
+            settled = swap.settle(result.alongside)
+        if not settled:  # a gate patch failed: its watch event will not come
+            requeue = swap.AFTER_ACTIONS_SECONDS
+        if result.alongside is not None and result.alongside.renewing is not None:
+            # planned on a read that no longer holds: look again once the renewal says so
+            result.alongside.renewing.add_done_callback(
+                lambda done: done.exception() is None and done.result() and ctl.enqueue(key, Request("swap", urgent=True)))
         _track_swap(ctl, key, status)
         if requeue is not None and requeue < SWAP_POLL:  # the swap poll covers the rest
             ctl.queue.add_after(key, Request("swap", urgent=True), requeue)
@@ -410,7 +419,7 @@ def _swap_step(ctl: Controller, raw: dict, spec: HiCacheDeploymentSpec, pods: li
     ref = spec.admin_key_secret_ref
     secret, field = (ref.name, ref.key) if ref else (render.names(meta["name"])["secret"], render.ADMIN_SECRET_KEY)
     return swap.step(_kube().api, raw, spec, pods, now(),
-                     endpoints=ctl.endpoints(meta["namespace"], render.names(meta["name"])["service"]),
+                     endpoints=lambda: ctl.endpoints(meta["namespace"], render.names(meta["name"])["service"]),
                      key=_kube().admin_key(meta["namespace"], secret, field), why=why)
 
 

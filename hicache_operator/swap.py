@@ -21,9 +21,10 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 from kubernetes import client
@@ -43,7 +44,7 @@ from hicache_operator.rollout import (
     Step,
     storage_fingerprint,
 )
-from hicache_operator.rollout.follow_through import StepRun, run_step, watch_will_follow
+from hicache_operator.rollout.follow_through import StepRun, run_handover, run_step, watch_will_follow
 from hicache_operator.rollout.runtime_client import RuntimeClient, shared_client
 from hicache_operator.rollout.view_cache import CachedView, ViewCache
 from hicache_operator.spec import HiCacheDeploymentSpec
@@ -60,10 +61,37 @@ _GATE_PATCHES = ThreadPoolExecutor(max_workers=32, thread_name_prefix="hicache-g
 
 @dataclass
 class SwapStep:
+    """What a step leaves to persist; ``settling``: its last pass's gate patches, still in flight
+    when it returns (see ``settle``); ``renewing``: its renewal of old reads (see ``_renew``)."""
+
     backend_swap: dict[str, Any]
     conditions: list[Condition] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+    settling: list[tuple[SetServingGate, Future]] = field(default_factory=list)
+    renewing: Future | None = None  # -> bool: a renewed read differs from the one planned on
+
+
+def settle(step: SwapStep | None) -> bool:
+    """Wait for the step's gate patches still in flight; whether they all succeeded.
+
+    Why they are left in flight: a step's last pass is one with no runtime call, in practice the
+    readmissions (gate True) of the pods it verified. Nothing in the step depends on their
+    outcome (a gate failure leaves no trace in the state: the next observation still shows the
+    old gate and the planner asks again), so the handler writes the status while they go out
+    instead of after; on the loaded API server both took 0.1-0.8 s, and the deployment's next
+    step waited for their sum. The caller waits here before its key is released, so no step
+    plans while a gate patch of the previous one is in flight, and looks again at once if one
+    failed (the watch event it waits for will not come)."""
+    if step is None or not step.settling:
+        return True
+    wait_all([f for _, f in step.settling])
+    ok = True
+    for action, future in step.settling:
+        if future.exception() is not None:
+            ok = False
+            log.warning("serving gate of pod %s (-> %s) failed: %s", action.pod, action.serving, future.exception())
+    return ok
 
 
 def slice_readiness(endpoint_slice: dict[str, Any]) -> dict[str, bool]:
@@ -119,8 +147,8 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
       gate already True: its recent read (see ``rollout.view_cache``); what the latter still
       waits for (its endpoint turning ready) comes from the watch;
     - while a rollout runs or starts (``rolling``), a settled pod whose last read succeeded but
-      is too old to reuse: that read all the same, and it is returned to be read again while
-      the step acts (``renew``). Those reads only pick the pods to take out next; waiting for
+      is too old to reuse: that read all the same, and it is returned to be read again in the
+      background (``renew``, see ``_renew``). Those reads only pick the pods to take out next; waiting for
       them put a GET round trip of a busy runtime before the first drain of a rollout (a read
       of every pod) and between one pod's endpoint turning ready and the next pod's drain. A
       pod taken out on such a read that turns out to be on the target is readmitted by the
@@ -163,6 +191,34 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
     return observations, renew
 
 
+_RENEWALS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hicache-renew")
+_RENEWING: dict[tuple[str, str], Future] = {}  # per deployment: the renewal in flight
+
+
+def _renew(fleet: tuple[str, str], stale: list[tuple[dict, CachedView]], key: str | None) -> Future | None:
+    """Read again, in the background, settled pods whose old reads a step planned on; the
+    future's result says whether any read changed (the caller then steps the deployment again).
+
+    Why in the background: these reads only pick the pods to take out next, and a step that
+    waited for them held its deployment for them; at the start of a 64-pod rollout, a GET of
+    every busy runtime, 0.8-1.6 s, delayed the step that follows the first drains. A step while
+    a renewal is still in flight starts none (it plans on the same old reads)."""
+    running = _RENEWING.get(fleet)
+    if running is not None and not running.done():
+        return None
+
+    async def read_all() -> bool:
+        async with shared_client() as http:
+            renewed = await asyncio.gather(*(_read(http, pod, key) for pod, _ in stale))
+        VIEWS.update(fleet, renewed)
+        return any((new.view.backend, new.view.error) != (old.view.backend, old.view.error)
+                   for (_, old), new in zip(stale, renewed))
+    future = _RENEWALS.submit(asyncio.run, read_all())
+    _RENEWING[fleet] = future
+    future.add_done_callback(lambda done: _RENEWING.pop(fleet, None) if _RENEWING.get(fleet) is done else None)
+    return future
+
+
 def _set_gate(core: client.CoreV1Api, namespace: str, action: SetServingGate, target_hash: str,
               target_backend: str, target_fp: str, now: str) -> None:
     """One patch of the pod's status: the gate, and with a readmission the storage annotations
@@ -182,6 +238,15 @@ def _set_gate(core: client.CoreV1Api, namespace: str, action: SetServingGate, ta
             "status": {"conditions": [{"type": labels.SERVING_CONDITION,
                                        "status": "True" if action.serving else "False",
                                        "reason": reason, "message": message, "lastTransitionTime": now}]}})
+
+
+def _set_gate_counted(*args: Any) -> None:
+    try:
+        _set_gate(*args)
+    except Exception:
+        metrics.SWAP_ACTIONS.labels(SetServingGate.__name__, "error").inc()
+        raise
+    metrics.SWAP_ACTIONS.labels(SetServingGate.__name__, "ok").inc()
 
 
 async def _execute(http: httpx.AsyncClient, core: client.CoreV1Api, namespace: str, actions: list,
@@ -211,12 +276,14 @@ async def _execute(http: httpx.AsyncClient, core: client.CoreV1Api, namespace: s
 
 
 def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: list[dict], now: str, *,
-         endpoints: dict[str, bool], key: str | None, why: str = "") -> SwapStep:
+         endpoints: Callable[[], dict[str, bool]], key: str | None, why: str = "") -> SwapStep:
     """One step for one HiCacheDeployment: observe, then plan and act (again for pods whose
-    runtime call succeeded, see ``rollout.follow_through``); returns what to persist.
-    ``pods`` and ``endpoints`` (pod IP -> ready in the client Service's EndpointSlices) as the
-    operator's watches see them; ``key``: the admin API key; ``why``: the trigger, for the log."""
+    runtime call succeeded, and for readmissions that finished meanwhile, see
+    ``rollout.follow_through``); returns what to persist. ``pods`` as the operator's watch sees
+    them; ``endpoints()``: pod IP -> ready in the client Service's EndpointSlices, as the watch
+    sees them now; ``key``: the admin API key; ``why``: the trigger, for the log."""
     t0, wall0 = time.monotonic(), time.time()
+    endpoints_then = endpoints()
     meta = body["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
     core = client.CoreV1Api(api)
@@ -232,52 +299,64 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     by_name = {p["metadata"]["name"]: p for p in pods}
     by_uid = {p["metadata"]["uid"]: p for p in pods}
     timings: dict[str, float] = {}
+    settling: list[tuple[SetServingGate, Future]] = []
+    renewals: list[Future] = []
 
     async def observe_plan_act() -> StepRun:
         async with shared_client() as http:
             rolling = isinstance(swap_state, dict) and (swap_state.get("phase") == "InProgress" or
                                                         swap_state.get("target") != storage_fingerprint(target))
-            observations, renew = await _observe(http, (ns, name), pods, endpoints, records, key, rolling)
+            observations, renew = await _observe(http, (ns, name), pods, endpoints_then, records, key, rolling)
             timings["observe"] = time.monotonic()
-            # old reads of settled pods are renewed while the step acts, for the next step
-            renewing = asyncio.gather(*(_read(http, by_uid[v.uid], key) for v in renew))
+            if renew and (renewal := _renew((ns, name), [(by_uid[v.uid], v) for v in renew], key)) is not None:
+                renewals.append(renewal)
+
+            gate_args = (render.storage_hash(spec), spec.hicache.storage.backend, storage_fingerprint(target), now)
 
             async def execute(actions: list) -> list[ActionOutcome]:
-                return await _execute(http, core, ns, actions, ips, key, render.storage_hash(spec),
-                                      spec.hicache.storage.backend, storage_fingerprint(target), now)
+                if actions and all(isinstance(a, SetServingGate) for a in actions):
+                    # no runtime call: the last pass (``run_step`` follows only runtime calls).
+                    # Its gate patches go out while the status is written (``settle``).
+                    settling.extend((a, _GATE_PATCHES.submit(_set_gate_counted, core, ns, a, *gate_args))
+                                    for a in actions)
+                    return [ActionOutcome(a) for a in actions]
+                return await _execute(http, core, ns, actions, ips, key, *gate_args)
 
             async def reobserve(names: list[str]) -> list[PodObservation]:
                 named = [n for n in names if ips.get(n)]
                 reads = await asyncio.gather(*(_read(http, by_name[n], key) for n in named))
                 VIEWS.update((ns, name), reads)
-                return [_observation(by_name[n], endpoints, r) for n, r in zip(named, reads)]
+                return [_observation(by_name[n], endpoints_then, r) for n, r in zip(named, reads)]
 
+            clock = lambda: dt.datetime.now(dt.timezone.utc)  # noqa: E731
             run = await run_step(target, observations, settings, swap_state,
-                                 clock=lambda: dt.datetime.now(dt.timezone.utc), execute=execute, reobserve=reobserve)
-            timings["act"], timings["renewed"] = time.monotonic(), len(renew)
-            renewed = await renewing
-            VIEWS.update((ns, name), renewed)
-            # planned on a read that no longer holds: look again at once
-            timings["changed"] = any((new.view.backend, new.view.error) != (old.view.backend, old.view.error)
-                                     for old, new in zip(renew, renewed))
+                                 clock=clock, execute=execute, reobserve=reobserve)
+            ready_now = endpoints()
+            run = await run_handover(run, target, settings, {n: ready_now.get(ip) for n, ip in ips.items() if ip},
+                                     clock=clock, execute=execute)
+            timings["act"], timings["renewing"] = time.monotonic(), len(renew)
             return run
 
-    run = asyncio.run(observe_plan_act())
+    try:
+        run = asyncio.run(observe_plan_act())
+    except BaseException:
+        wait_all([f for _, f in settling])  # none left in flight behind the caller's back
+        raise
     plan = run.plan
     t_end = time.monotonic()
     metrics.SWAP_STEP_SECONDS.observe(t_end - t0)
-    log.info("swap step %s/%s at=%.3f (%s) observe=%.3f plan+act=%.3f passes=%d renewed=%d/%.3f%s actions=%s",
+    log.info("swap step %s/%s at=%.3f (%s) observe=%.3f plan+act=%.3f passes=%d renewing=%d actions=%s",
              ns, name, wall0, why, timings["observe"] - t0, timings["act"] - timings["observe"], run.passes,
-             timings["renewed"], t_end - timings["act"], " (changed)" if timings["changed"] else "",
+             timings.get("renewing", 0),
              ",".join(f"{type(a).__name__}:{a.pod}{':' + str(a.serving) if isinstance(a, SetServingGate) else ''}"
                       for a in run.actions) or "-")
     # After acting, look again at once unless a watch event will bring the next step (a failed
-    # call, a gate patch that changes no endpoint); likewise when a renewed read no longer
-    # holds. Otherwise when the planner says.
+    # call, a gate patch that changes no endpoint). Otherwise when the planner says.
     requeue = plan.requeue_after
-    if (run.actions and plan.requeue_after is not None and not watch_will_follow(run)) or timings["changed"]:
+    if run.actions and plan.requeue_after is not None and not watch_will_follow(run):
         requeue = AFTER_ACTIONS_SECONDS
-    return SwapStep(run.state.to_status(), plan.conditions, run.events, requeue)
+    return SwapStep(run.state.to_status(), plan.conditions, run.events, requeue, settling,
+                    renewals[0] if renewals else None)
 
 
 def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict]) -> bool:

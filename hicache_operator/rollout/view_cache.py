@@ -16,8 +16,8 @@ drain. So a settled pod's last read is reused for a few seconds:
   read in one step is not re-read all in one later step).
 
 While a rollout runs or starts, a settled pod's expired read is still used for that step's
-plan and renewed while the step acts (``swap._observe``), so a rollout never waits on a
-settled pod's GET (its first step used to read the whole fleet before the first drain).
+plan and renewed in the background (``swap._observe``, ``swap._renew``), so a rollout never
+waits on a settled pod's GET (its first step used to read the whole fleet before the first drain).
 
 A reused read keeps the time it was made as ``observed_at``, so nothing downstream mistakes it
 for a fresh one. What it can cost: a pod whose runtime changed behind the operator's back (it
@@ -48,7 +48,8 @@ class CachedView:
 
 class ViewCache:
     """Per deployment: pod uid -> its last runtime read. One step per deployment at a time
-    (the caller's guarantee); different deployments may step concurrently."""
+    (the caller's guarantee), and its background renewal (``update`` keeps the newer read);
+    different deployments may step concurrently."""
 
     def __init__(self, refresh_seconds: float = DEFAULT_REFRESH_SECONDS) -> None:
         self.refresh_seconds = refresh_seconds
@@ -71,8 +72,13 @@ class ViewCache:
         return cached if cached is not None and cached.ip == ip else None
 
     def update(self, fleet: Hashable, views: list[CachedView]) -> None:
-        """New reads of some pods; the others' are kept."""
-        self._fleets.setdefault(fleet, {}).update((v.uid, v) for v in views)
+        """New reads of some pods; the others' are kept, and so is a read newer than the one
+        offered (a background renewal may finish after a step has read the pod again)."""
+        known = self._fleets.setdefault(fleet, {})
+        for view in views:
+            held = known.get(view.uid)
+            if held is None or held.observed_at <= view.observed_at:
+                known[view.uid] = view
 
     def replace(self, fleet: Hashable, views: list[CachedView]) -> None:
         """The fleet's reads after a step (fresh and reused); pods not listed are forgotten."""

@@ -32,7 +32,7 @@ from hicache_operator.rollout import (
     plan_step,
     storage_fingerprint,
 )
-from hicache_operator.rollout.follow_through import run_step
+from hicache_operator.rollout.follow_through import run_handover, run_step
 from hicache_operator.rollout.runtime_client import BackendError, NotIdle, Unreachable
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -132,9 +132,13 @@ class SimPod:
 
 class Fleet:
     def __init__(self, n: int, initial: str, *, max_unavailable: int | str = 1, seed: int = 0,
-                 drain_timeout: float = 8.0, flaky: float = 0.0, follow_through: bool = False) -> None:
+                 drain_timeout: float = 8.0, flaky: float = 0.0, follow_through: bool = False,
+                 watch_moves: float = 0.0) -> None:
         self.rng = random.Random(seed)
         self.follow_through = follow_through  # the operator's step: rollout.follow_through.run_step
+        # with follow_through: how often the endpoints catch up while a step runs, before its
+        # handover pass (``run_handover``); a generator of its own keeps other histories as they were
+        self.watch_moves, self.watch_rng = watch_moves, random.Random(seed + 1)
         self.clock = T0
         self.replicas = n
         self.target_name = initial
@@ -224,6 +228,14 @@ class Fleet:
                 # The StatefulSet template already carries the current target's flags.
                 self.pods[name] = self._new_pod(name, self.target)
 
+    def _endpoints_catch_up(self) -> None:
+        """The endpoints controller, faster than ``tick`` lets it be: every endpoint whose pod's
+        readiness changed follows it now."""
+        for pod in self.pods.values():
+            ready = pod.gate is True and pod.up and pod.unhealthy == 0 and not pod.terminating
+            if pod.endpoint_ready is not ready:
+                pod.endpoint_ready, pod.lag = ready, 0
+
     def observe(self, names: list[str] | None = None) -> list[PodObservation]:
         out = []
         for pod in self.pods.values():
@@ -291,10 +303,20 @@ class Fleet:
             self.clock += timedelta(milliseconds=1)
             return self.observe(names)
 
+        def note(plan) -> None:
+            self._note(plan.events, plan.state)
+
+        async def operator_step():
+            run = await run_step(self.target, self.observe(), self.settings, self.persisted,
+                                 clock=clock, execute=execute, reobserve=reobserve, on_plan=note)
+            if self.watch_moves and self.watch_rng.random() < self.watch_moves:
+                self._endpoints_catch_up()  # the watch moved while the step ran
+            ready = {pod.name: pod.endpoint_ready for pod in self.pods.values()}
+            return await run_handover(run, self.target, self.settings, ready, clock=clock, execute=execute,
+                                      on_plan=note)
+
         try:
-            run = asyncio.run(run_step(self.target, self.observe(), self.settings, self.persisted,
-                                       clock=clock, execute=execute, reobserve=reobserve,
-                                       on_plan=lambda plan: self._note(plan.events, plan.state)))
+            run = asyncio.run(operator_step())
         except Died:
             return self.last_plan
         self.last_plan, self.last_actions, self.last_run = run.plan, run.actions, run

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-from hicache_operator.rollout import Attach, Detach, RolloutSettings, SetServingGate
-from hicache_operator.rollout.follow_through import run_step, watch_will_follow
+from datetime import timedelta
+
+from hicache_operator.rollout import (Attach, Detach, PodObservation, RolloutSettings, SetServingGate, Step, SwapState,
+                                      plan_step)
+from hicache_operator.rollout.follow_through import StepRun, run_handover, run_step, watch_will_follow
 
 from .rollout_fleet_sim import CONFIGS, Fleet, SimRuntime
 
@@ -148,6 +151,60 @@ def test_no_watch_event_answers_a_failed_call_a_cut_short_follow_through_or_a_ga
     idle.step()
     assert {(a.pod, a.serving) for a in idle.last_actions} == {("cache-0", False), ("cache-1", False)}
     assert not watch_will_follow(idle.last_run)
+
+
+def test_a_readmission_seen_finished_hands_its_slot_to_the_next_pod_in_the_same_step():
+    """maxUnavailable 1: cache-0 is swapped and readmitted; the watch shows its endpoint ready
+    before the step ends, so the same step takes cache-1 out (the fleet checks the budget)."""
+    fleet = Fleet(2, "file", follow_through=True, seed=3, watch_moves=1.0)
+    fleet.set_target("mooncake")
+    _until(fleet, lambda: _calls(fleet.last_actions))
+
+    assert _calls(fleet.last_actions) == [("Detach", "cache-0"), ("Attach", "cache-0")]
+    gates = [(a.pod, a.serving) for a in fleet.last_actions if isinstance(a, SetServingGate)]
+    assert gates == [("cache-0", True), ("cache-1", False)]
+    assert fleet.last_run.passes == 4  # detach, attach, verify + readmit, handover
+    assert set(fleet.persisted["pods"]) == {"cache-1"} and fleet.persisted["pods"]["cache-1"]["step"] == "Draining"
+    plan = fleet.run_until_quiet()
+    fleet.check_quiet(plan)
+    assert plan.state.phase.value == "Complete"
+
+
+def test_a_handover_pass_that_would_call_a_runtime_is_left_to_the_next_step():
+    """The handover view holds no runtime read newer than the step's: a pass asking for a call
+    is dropped. Here cache-0 was readmitted by the step and its endpoint is now ready; cache-1,
+    drained, has a read newer than its last action that nothing in the step answered."""
+    fleet = Fleet(2, "file", follow_through=True, seed=3, max_unavailable=2)
+    fleet.set_target("mooncake")
+    fleet.tick()
+    fleet.step()  # both taken out, records persisted
+    now = fleet.clock + timedelta(seconds=5)
+    state = SwapState.from_status(fleet.persisted)
+    readmitting = state.pods["cache-0"].model_copy(update={"step": Step.READMITTING, "acted_at": now})
+    state = state.model_copy(update={"pods": {**state.pods, "cache-0": readmitting}})
+    a, b = fleet.observe()
+    gated = a.model_copy(update={"serving_gate": True, "endpoint_ready": False, "observed_at": now,
+                                 "backend": SimRuntime.booted_with(CONFIGS["mooncake"]).report()})
+    drained = b.model_copy(update={"serving_gate": False, "endpoint_ready": False, "in_flight": 0, "queued": 0,
+                                   "observed_at": now})
+    plan = plan_step(fleet.target, [gated], fleet.settings, None, now)  # any plan: replaced or kept whole
+    executed: list = []
+
+    async def execute(actions):
+        executed.extend(actions)
+        return [fleet.execute(x) for x in actions]
+
+    def handover(cache_1: PodObservation) -> StepRun:
+        run = StepRun(plan=plan, state=state, passes=1, observed={"cache-0": gated, "cache-1": cache_1})
+        after = asyncio.run(run_handover(run, fleet.target, fleet.settings, {"cache-0": True, "cache-1": False},
+                                         clock=lambda: now + timedelta(milliseconds=5), execute=execute))
+        return run, after
+
+    run, after = handover(drained)
+    assert after is run and executed == []
+    # with cache-1's read older than its last action the planner only waits on it: kept
+    run, after = handover(drained.model_copy(update={"observed_at": now - timedelta(seconds=10)}))
+    assert after.passes == 2 and executed == [] and set(after.state.pods) == {"cache-1"}
 
 
 def _run_on(fleet: Fleet):

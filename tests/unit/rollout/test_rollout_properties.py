@@ -67,17 +67,20 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
     flaky=st.sampled_from([0.0, 0.3]),
     history=st.lists(history_step(), min_size=1, max_size=60),
     follow=st.booleans(),
+    watch_moves=st.sampled_from([0.0, 0.5]),
 )
 # Found in session 7: a pod whose rollback failed (back to a config its runtime refuses, its
 # attach of the new target mangled) is readmitted detached in the pass that reports
 # RollbackFailed; the fleet only allowed it once it had seen that Event, after the step.
-@example(n=1, max_unavailable=1, initial="file", first_target="file", seed=0, flaky=0.0, follow=True,
+@example(n=1, max_unavailable=1, initial="file", first_target="file", seed=0, flaky=0.0, follow=True, watch_moves=0.0,
          history=[("calm", "file", 0, "ok", 0)] * 8 + [
              ("target", "refused", 0, "ok", 0), ("target", "file", 0, "ok", 0), ("revert", "file", 0, "ok", 0),
              ("delete", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0),
              ("target", "mangled", 0, "ok", 0)])
-def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target, seed, flaky, history, follow):
-    fleet = Fleet(n, initial, max_unavailable=max_unavailable, seed=seed, flaky=flaky, follow_through=follow)
+def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target, seed, flaky, history, follow,
+                                     watch_moves):
+    fleet = Fleet(n, initial, max_unavailable=max_unavailable, seed=seed, flaky=flaky, follow_through=follow,
+                  watch_moves=watch_moves)
     fleet.set_target(first_target)
     for kind, config, index, crash, prefix in history:
         apply_world(fleet, kind, config, index)
@@ -106,7 +109,8 @@ def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target,
     follow=st.booleans(),
 )
 def test_revert_mid_rollout_returns_every_pod_to_the_original(n, max_unavailable, seed, revert_after, follow):
-    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed, follow_through=follow)
+    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed, follow_through=follow,
+                  watch_moves=0.5 if follow else 0.0)
     fleet.set_target("mooncake")
     for _ in range(revert_after):
         fleet.tick()
@@ -122,7 +126,7 @@ def test_revert_mid_rollout_returns_every_pod_to_the_original(n, max_unavailable
 @given(n=st.integers(1, 4), seed=st.integers(0, 2**16), bad=st.sampled_from(["refused", "mangled"]),
        follow=st.booleans())
 def test_bad_target_fails_once_and_restores_the_pod(n, seed, bad, follow):
-    fleet = Fleet(n, "file", max_unavailable=1, seed=seed, follow_through=follow)
+    fleet = Fleet(n, "file", max_unavailable=1, seed=seed, follow_through=follow, watch_moves=0.5 if follow else 0.0)
     fleet.set_target(bad)
     plan = fleet.run_until_quiet()
     fleet.check_quiet(plan)

@@ -71,3 +71,16 @@ def test_update_replaces_the_reads_given_and_keeps_the_others():
     assert cache.last(FLEET, "u2", "10.0.0.2").observed_at == later
     cache.update(("new", "fleet"), [CachedView("u9", "10.0.0.9", T0, OK)])
     assert cache.last(("new", "fleet"), "u9", "10.0.0.9") is not None
+
+
+def test_a_late_background_read_does_not_replace_a_newer_one():
+    """A renewal started before a step re-read the pod may finish after it."""
+    newer = CachedView("u1", "10.0.0.1", T0 + timedelta(seconds=2), OK)
+    cache = cache_with(newer)
+    cache.update(FLEET, [CachedView("u1", "10.0.0.1", T0 + timedelta(seconds=1), UNREACHABLE),
+                         CachedView("u2", "10.0.0.2", T0, OK)])
+    assert cache.last(FLEET, "u1", "10.0.0.1") == newer
+    assert cache.last(FLEET, "u2", "10.0.0.2") is not None
+    later = CachedView("u1", "10.0.0.1", T0 + timedelta(seconds=3), UNREACHABLE)
+    cache.update(FLEET, [later])
+    assert cache.last(FLEET, "u1", "10.0.0.1") == later
