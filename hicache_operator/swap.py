@@ -51,7 +51,7 @@ from hicache_operator.spec import HiCacheDeploymentSpec
 
 log = logging.getLogger(__name__)
 AFTER_ACTIONS_SECONDS = 0.05
-READMITTING = Step.READMITTING.value
+READMITTING, DRAINING = Step.READMITTING.value, Step.DRAINING.value
 VIEWS = ViewCache()  # recent runtime reads of settled pods, per deployment
 # Gate patches are blocking client calls. A step's go out at once (maxUnavailable pods leave
 # or rejoin serving together); asyncio's default executor has cpu+4 threads, so on a small
@@ -70,6 +70,7 @@ class SwapStep:
     requeue_after: float | None = None
     settling: list[tuple[SetServingGate, Future]] = field(default_factory=list)
     renewing: Future | None = None  # -> bool: a renewed read differs from the one planned on
+    gates: list[tuple[str, str, bool]] = field(default_factory=list)  # (pod, uid, serving) patched
 
 
 def settle(step: SwapStep | None) -> bool:
@@ -105,7 +106,8 @@ def slice_readiness(endpoint_slice: dict[str, Any]) -> dict[str, bool]:
     return out
 
 
-def _gate(pod: dict) -> bool | None:
+def serving_gate(pod: dict) -> bool | None:
+    """The pod's ``hicache.dev/serving`` condition: True, False, or None when it has none."""
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == labels.SERVING_CONDITION:
             return c.get("status") == "True"
@@ -114,6 +116,16 @@ def _gate(pod: dict) -> bool | None:
 
 def _parse_time(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def _acted_at(record: Any) -> dt.datetime | None:
+    """A persisted swap record's last action, None where unreadable (the planner reports that)."""
+    value = record.get("actedAt") if isinstance(record, dict) else None
+    try:
+        when = _parse_time(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return when if when is not None and when.tzinfo is not None else None
 
 
 def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None) -> PodObservation:
@@ -125,21 +137,57 @@ def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None)
         fields, observed_at = read.view.observation_fields(), read.observed_at
     return PodObservation(name=meta["name"], uid=meta["uid"], phase=status.get("phase") or "Pending",
                           deletion_timestamp=_parse_time(meta.get("deletionTimestamp")),
-                          serving_gate=_gate(pod), endpoint_ready=endpoints.get(ip) if ip else None,
+                          serving_gate=serving_gate(pod), endpoint_ready=endpoints.get(ip) if ip else None,
                           observed_at=observed_at, **fields)
 
 
-async def _read(http: httpx.AsyncClient, pod: dict, key: str | None) -> CachedView:
+async def _read(http: httpx.AsyncClient, pod: dict, key: str | None, after_unready: bool = False) -> CachedView:
     """The pod's runtime now (``observed_at`` is taken before the GETs: the read was true then)."""
     now = dt.datetime.now(dt.timezone.utc)
     ip = pod["status"]["podIP"]
     view = await RuntimeClient(f"http://{ip}:{RUNTIME_PORT}", key, timeout=3.0, http=http).observe()
-    return CachedView(pod["metadata"]["uid"], ip, now, view)
+    return CachedView(pod["metadata"]["uid"], ip, now, view, after_unready)
+
+
+def _drained_read(fleet: tuple[str, str], pod: dict, acted_at: dt.datetime | None) -> CachedView | None:
+    """A pod being drained: its read from ``read_drained`` if it can stand in for a GET now.
+    It must have started after the watch showed the endpoint not ready (no request is routed
+    to the pod after that, its gate being False until the operator readmits it), be newer than
+    the pod's last action (else the planner would only wait on it, and the step would take it
+    again), and show the runtime idle: a busy one is read again, it may have finished since."""
+    ip = pod["status"]["podIP"]
+    read = VIEWS.last(fleet, pod["metadata"]["uid"], ip)
+    if read is None or not read.after_unready or acted_at is None or read.observed_at <= acted_at:
+        return None
+    view = read.view
+    return read if view.error is None and view.backend is not None and view.in_flight == 0 and view.queued == 0 \
+        else None
+
+
+_ADMIN_KEYS: dict[tuple[str, str], str | None] = {}  # per deployment: the admin key its last step used
+
+
+def read_drained(fleet: tuple[str, str], pods: list[dict]) -> None:
+    """Read, in the background, pods out of serving whose endpoints the watch has just shown
+    not ready: the step that this event queues finds the read done (``_drained_read``).
+
+    Why: a drained pod's first runtime call waited for a GET made at the start of its step
+    (0.05-0.3 s on loaded runtimes), and the event had already waited for the step in
+    progress, idle time the GET can use. Only for a deployment whose admin key a step has
+    used (the key is read from its Secret in the step)."""
+    if fleet not in _ADMIN_KEYS or not pods:
+        return
+    key = _ADMIN_KEYS[fleet]
+
+    async def read_all() -> None:
+        async with shared_client() as http:
+            VIEWS.update(fleet, list(await asyncio.gather(*(_read(http, p, key, after_unready=True) for p in pods))))
+    _RENEWALS.submit(asyncio.run, read_all())
 
 
 async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[dict], endpoints: dict[str, bool],
-                   records: dict[str, str], key: str | None,
-                   rolling: bool = False) -> tuple[list[PodObservation], list[CachedView]]:
+                   records: dict[str, str], key: str | None, rolling: bool = False,
+                   acted: dict[str, dt.datetime] | None = None) -> tuple[list[PodObservation], list[CachedView]]:
     """Each pod as seen now: gate and endpoint from the watches, runtime from a GET made now,
     or an earlier read where a new one could not change the plan, or need not come first:
 
@@ -160,15 +208,19 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
       no runtime call is made while the pod is routable, and the next step comes with the
       EndpointSlice event that marks it not ready.
 
-    ``records``: pod name -> the step of its swap record. Returns the observations and the
-    reads to renew."""
+    - a pod being drained (gate False, endpoint not ready, record Draining): its read from
+      ``read_drained`` where it may stand in for a GET (``_drained_read``).
+
+    ``records``: pod name -> the step of its swap record; ``acted``: pod name -> its record's
+    last action. Returns the observations and the reads to renew."""
     now = dt.datetime.now(dt.timezone.utc)
+    acted = acted or {}
     kept: list[CachedView] = []
     renew: list[CachedView] = []
 
     async def one(pod: dict) -> PodObservation:
         meta, status = pod["metadata"], pod.get("status") or {}
-        ip, gate = status.get("podIP"), _gate(pod)
+        ip, gate = status.get("podIP"), serving_gate(pod)
         read = None
         if ip:
             step, endpoint_ready = records.get(meta["name"]), endpoints.get(ip)
@@ -182,6 +234,8 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
                         renew.append(last)
             elif gate is False and endpoint_ready is True and step is not None:
                 read = VIEWS.last(fleet, meta["uid"], ip)
+            elif gate is False and endpoint_ready is not True and step == DRAINING:
+                read = _drained_read(fleet, pod, acted.get(meta["name"]))
             if read is None:
                 read = await _read(http, pod, key)
             kept.append(read)
@@ -296,6 +350,9 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     recorded = swap_state.get("pods") if isinstance(swap_state, dict) else None
     records = {name: (rec.get("step") if isinstance(rec, dict) else None) for name, rec in recorded.items()} \
         if isinstance(recorded, dict) else {}  # unreadable: the planner says so
+    acted = {name: when for name, rec in (recorded.items() if isinstance(recorded, dict) else [])
+             if (when := _acted_at(rec)) is not None}
+    _ADMIN_KEYS[(ns, name)] = key
     by_name = {p["metadata"]["name"]: p for p in pods}
     by_uid = {p["metadata"]["uid"]: p for p in pods}
     timings: dict[str, float] = {}
@@ -306,7 +363,8 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
         async with shared_client() as http:
             rolling = isinstance(swap_state, dict) and (swap_state.get("phase") == "InProgress" or
                                                         swap_state.get("target") != storage_fingerprint(target))
-            observations, renew = await _observe(http, (ns, name), pods, endpoints_then, records, key, rolling)
+            observations, renew = await _observe(http, (ns, name), pods, endpoints_then, records, key, rolling,
+                                                 acted)
             timings["observe"] = time.monotonic()
             if renew and (renewal := _renew((ns, name), [(by_uid[v.uid], v) for v in renew], key)) is not None:
                 renewals.append(renewal)
@@ -355,8 +413,10 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     requeue = plan.requeue_after
     if run.actions and plan.requeue_after is not None and not watch_will_follow(run):
         requeue = AFTER_ACTIONS_SECONDS
+    gates = [(o.action.pod, o.action.uid, o.action.serving) for o in run.outcomes
+             if o.error is None and isinstance(o.action, SetServingGate)]
     return SwapStep(run.state.to_status(), plan.conditions, run.events, requeue, settling,
-                    renewals[0] if renewals else None)
+                    renewals[0] if renewals else None, gates)
 
 
 def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict]) -> bool:
@@ -369,7 +429,7 @@ def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict]) -
         return True
     if swap_state.get("target") != storage_fingerprint(render.storage_config(spec)):
         return True
-    return any(_gate(p) is not True for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp"))
+    return any(serving_gate(p) is not True for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def pending(status: dict | None) -> bool:

@@ -40,10 +40,15 @@ DEFAULT_REFRESH_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class CachedView:
+    """``after_unready``: the read started after the watch showed the pod's endpoint not ready
+    while its gate was False (``swap.read_drained``), so it can answer "drained?" for as long
+    as the pod stays out of serving."""
+
     uid: str
     ip: str
     observed_at: datetime
     view: RuntimeView
+    after_unready: bool = False
 
 
 class ViewCache:
