@@ -23,7 +23,7 @@ MODULE = "tests.unit.cluster.test_podrunner_zygote"
 def child_main() -> None:
     """Run in the forked child: report what it sees, then behave as asked."""
     report = {"argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("ZYGOTE_TEST"), "pid": os.getpid(),
-              "sid": os.getsid(0), "path0": sys.path[0], "stdin": sys.stdin.read(),
+              "sid": os.getsid(0), "pgid": os.getpgid(0), "path0": sys.path[0], "stdin": sys.stdin.read(),
               "comm": Path("/proc/self/comm").read_text().strip()}
     print(json.dumps(report), flush=True)
     if sys.argv[1] == "sleep":
@@ -51,7 +51,10 @@ def test_child_runs_the_module_as_main_with_the_pods_argv_env_cwd_and_log(zygote
     assert report["argv"][1:] == ["exit", "3"] and report["argv"][0].endswith("test_podrunner_zygote.py")
     assert report["cwd"] == str(tmp_path) and report["path0"] == str(tmp_path)
     assert report["env"] == "from the pod"
-    assert report["pid"] == proc.pid and report["sid"] == proc.pid  # its own session, as start_new_session gives
+    # a process group of its own (stopped with its children), the zygote's session: one scheduling
+    # group for all pods, as a kubelet's kubepods cgroup, not one each
+    assert report["pid"] == proc.pid and report["pgid"] == proc.pid
+    assert report["sid"] == zygote.proc.pid
     assert report["stdin"] == ""
     assert report["comm"] == MODULE[:15]
 
