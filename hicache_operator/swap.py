@@ -387,11 +387,13 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
                 return [_observation(by_name[n], endpoints_then, r) for n, r in zip(named, reads)]
 
             clock = lambda: dt.datetime.now(dt.timezone.utc)  # noqa: E731
-            run = await run_step(target, observations, settings, swap_state,
-                                 clock=clock, execute=execute, reobserve=reobserve)
-            ready_now = endpoints()
-            run = await run_handover(run, target, settings, {n: ready_now.get(ip) for n, ip in ips.items() if ip},
-                                     clock=clock, execute=execute)
+
+            def endpoint_ready() -> dict[str, bool | None]:
+                ready = endpoints()
+                return {n: ready.get(ip) for n, ip in ips.items() if ip}
+            run = await run_step(target, observations, settings, swap_state, clock=clock, execute=execute,
+                                 reobserve=reobserve, endpoint_ready=endpoint_ready)
+            run = await run_handover(run, target, settings, endpoint_ready(), clock=clock, execute=execute)
             timings["act"], timings["renewing"] = time.monotonic(), len(renew)
             return run
 

@@ -1,5 +1,6 @@
 """One swap step that follows a pod through its runtime calls: detach, attach, verify, readmit;
-and, at its end, hands the slots of readmissions it saw finish to the next pods (``run_handover``).
+and, while its calls are in flight (``_hand_over``) and at its end (``run_handover``), hands the
+slots of readmissions it saw finish to the next pods.
 
 Why: the planner asks for at most one runtime call per pod per pass, and verifies each by the
 next pass's GET. Run as one pass per operator step, a drained pod needed three or four steps
@@ -23,18 +24,21 @@ What keeps this as safe as one pass per step:
 - The operator may die between passes: what it did is what one pass per step could have done
   before a crash (a call made, its record not yet persisted), and the next step re-derives
   everything from observation.
+- Endpoints are the one thing a later pass may see newer than the step's start (``_watched``):
+  they come from the watch, not from a runtime, and decide only the budget and readmissions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import asyncio
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from .actions import Action, ActionOutcome, Attach, Detach, Event, Plan, SetServingGate, apply_outcomes
 from .observation import PodObservation, RolloutSettings
 from .planner import plan_step
-from .state import Step, SwapState
+from .state import PodSwap, Step, SwapState
 from .storage_config import StorageConfig
 
 # detach -> attach -> verify (+ readmit): three passes carry a pod from drained to readmitted;
@@ -46,6 +50,8 @@ _RUNTIME_FIELDS = ("backend", "in_flight", "queued", "runtime_error", "observed_
 
 Execute = Callable[[list[Action]], Awaitable[list[ActionOutcome]]]
 Reobserve = Callable[[list[str]], Awaitable[list[PodObservation]]]
+EndpointReady = Callable[[], Mapping[str, "bool | None"]]  # pod name -> ready, as the watch sees it now
+HANDOVER_POLL_SECONDS = 0.02
 
 
 @dataclass
@@ -65,28 +71,42 @@ class StepRun:
 async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequence[PodObservation],
                    settings: RolloutSettings, state: SwapState | Mapping[str, Any] | None, *,
                    clock: Callable[[], datetime], execute: Execute, reobserve: Reobserve,
-                   on_plan: Callable[[Plan], None] | None = None, max_passes: int = MAX_PASSES) -> StepRun:
+                   on_plan: Callable[[Plan], None] | None = None, max_passes: int = MAX_PASSES,
+                   endpoint_ready: EndpointReady | None = None,
+                   poll: float = HANDOVER_POLL_SECONDS) -> StepRun:
     """Plan and act, and again for the pods whose runtime call just succeeded (re-read by
     ``reobserve``), up to ``max_passes`` times. ``clock`` gives the planner's ``now`` for each
     pass; ``execute`` runs one pass's actions (at most one per pod) and never raises; ``on_plan``
     sees each pass's plan before its actions run (the fleet simulator notes its Events there: a
-    pod whose rollback failed is readmitted in the pass that reports it)."""
+    pod whose rollback failed is readmitted in the pass that reports it). With
+    ``endpoint_ready``, while a pass's calls are in flight the watch is looked at every
+    ``poll`` seconds and the slots of readmissions it shows finished go to the next pods at once
+    (``_hand_over``)."""
     seen = {o.name: o for o in observations}
     run: StepRun | None = None
     prior: SwapState | Mapping[str, Any] | None = state
     for _ in range(max(1, max_passes)):
+        if run is not None and endpoint_ready is not None:
+            seen = _watched(seen, endpoint_ready())
         plan = plan_step(target, list(seen.values()), settings, prior, clock())
         if on_plan is not None:
             on_plan(plan)
-        outcomes = await execute(plan.actions)
-        prior = apply_outcomes(plan.state, outcomes)
+        handed = _Handed()
+        if endpoint_ready is None:
+            outcomes = await execute(plan.actions)
+        else:
+            outcomes = await _hand_over(execute(plan.actions), plan, seen, target, settings, endpoint_ready,
+                                        handed, clock=clock, execute=execute, on_plan=on_plan, poll=poll)
+        prior = handed.merge(apply_outcomes(plan.state, outcomes))
         if run is None:
             run = StepRun(plan=plan, state=prior)
         run.plan, run.state, run.passes = plan, prior, run.passes + 1
-        run.actions += plan.actions
-        run.outcomes += outcomes
-        run.events += plan.events
-        for outcome in outcomes:
+        run.actions += plan.actions + handed.actions
+        run.outcomes += outcomes + handed.outcomes
+        run.events += plan.events + handed.events
+        for name in handed.finished:
+            seen[name] = seen[name].model_copy(update={"endpoint_ready": True})
+        for outcome in outcomes + handed.outcomes:
             action = outcome.action
             if outcome.error is None and isinstance(action, SetServingGate) and action.pod in seen:
                 seen[action.pod] = seen[action.pod].model_copy(update={"serving_gate": action.serving})
@@ -102,6 +122,93 @@ async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequ
     assert run is not None
     run.observed = seen
     return run
+
+
+def _watched(seen: Mapping[str, PodObservation], ready: Mapping[str, bool | None]) -> dict[str, PodObservation]:
+    """The pods with their endpoints as the watch shows them now.
+
+    Why: a pass plans on the step's observations, and a pod whose endpoint was not ready when
+    the step began (a new or restarted pod) may be ready by a later pass. Counted as unavailable
+    still, it was taken out "for free", one more out of serving than maxUnavailable allows (found
+    by the fleet simulator once its endpoints moved while calls were in flight). The runtime half
+    of each observation, and with it what may be called, is left as it was read."""
+    return {name: obs.model_copy(update={"endpoint_ready": ready[name]})
+            if name in ready and ready[name] is not obs.endpoint_ready else obs for name, obs in seen.items()}
+
+
+@dataclass
+class _Handed:
+    """What ``_hand_over`` did while one pass's calls were in flight, to join to the pass."""
+
+    finished: set[str] = field(default_factory=set)  # readmissions the watch showed done: records dropped
+    taken: dict[str, PodSwap] = field(default_factory=dict)  # pods taken out: their new records
+    actions: list[Action] = field(default_factory=list)
+    outcomes: list[ActionOutcome] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def merge(self, state: SwapState) -> SwapState:
+        pods = {name: rec for name, rec in state.pods.items()
+                if not (name in self.finished and rec.step is Step.READMITTING)}
+        pods.update(self.taken)
+        return state.model_copy(update={"pods": pods})
+
+
+async def _hand_over(calls: Awaitable[list[ActionOutcome]], plan: Plan, seen: Mapping[str, PodObservation],
+                     target: StorageConfig | Mapping[str, Any], settings: RolloutSettings,
+                     endpoint_ready: EndpointReady, handed: _Handed, *, clock: Callable[[], datetime],
+                     execute: Execute, on_plan: Callable[[Plan], None] | None, poll: float) -> list[ActionOutcome]:
+    """Run a pass's calls; meanwhile, when the watch shows a readmission of this step's state
+    finished, take the next pods out under the budget, as the next pass would, without waiting
+    for the pass's slowest call. Returns the pass's outcomes; what it did is in ``handed``.
+
+    Why: an attach on a loaded runtime, its verifying read and the gate patches of a pass take
+    0.1-0.3 s; a readmission that finished meanwhile held its slot until the step ended, and
+    with eight pods out at once most steps had one. What keeps it safe: the planner decides, on
+    the pass's own state (its planned records count against the budget; the pass's gate patches
+    are taken as done), with the pods' reads as the pass had them (stale for every pod acted on,
+    so it only waits on those). Of its plan only this is kept: records of readmissions the watch
+    shows finished are dropped (freeing their budget), and pods with no record are taken out
+    (gate False, a Draining record). Everything else it asks is the pass's own work, in flight,
+    or waits for a read this view does not have. The records join the pass's state before the
+    next pass plans (``_Handed.merge``)."""
+    pass_calls = asyncio.ensure_future(calls)
+    state = plan.state
+    busy = {a.pod for a in plan.actions}  # the pass's own pods: one action per pod at a time
+    view = dict(seen)
+    for action in plan.actions:
+        if isinstance(action, SetServingGate) and action.pod in view:
+            view[action.pod] = view[action.pod].model_copy(update={"serving_gate": action.serving})
+    while True:
+        await asyncio.wait({pass_calls}, timeout=poll)
+        if pass_calls.done():
+            return pass_calls.result()
+        ready = endpoint_ready()
+        finished = [name for name, rec in state.pods.items()
+                    if rec.step is Step.READMITTING and ready.get(name) is True and name not in handed.finished
+                    and name in view and view[name].serving_gate is True and view[name].endpoint_ready is not True]
+        if not finished:
+            continue
+        view = _watched(view, ready)
+        hand = plan_step(target, list(view.values()), settings, state, clock())
+        takeouts = [a for a in hand.actions if isinstance(a, SetServingGate) and not a.serving
+                    and a.pod not in state.pods and a.pod not in busy and a.pod in hand.state.pods]
+        handed.finished.update(name for name in finished if name not in hand.state.pods)
+        taken = {a.pod: hand.state.pods[a.pod] for a in takeouts}
+        pods = {n: r for n, r in state.pods.items() if n not in handed.finished or r.step is not Step.READMITTING}
+        state = state.model_copy(update={"pods": {**pods, **taken}})
+        if not takeouts:
+            continue
+        events = [e for e in hand.events if e.pod in taken]
+        if on_plan is not None:
+            on_plan(replace(hand, actions=takeouts, events=events, state=state))
+        outcomes = await execute(takeouts)
+        handed.taken.update(taken)
+        handed.actions += takeouts
+        handed.outcomes += outcomes
+        handed.events += events
+        for outcome in outcomes:
+            if outcome.error is None:
+                view[outcome.action.pod] = view[outcome.action.pod].model_copy(update={"serving_gate": False})
 
 
 async def run_handover(run: StepRun, target: StorageConfig | Mapping[str, Any], settings: RolloutSettings,

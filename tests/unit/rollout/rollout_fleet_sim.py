@@ -117,6 +117,7 @@ class SimPod:
     last_flaky: bool = False
     lag: int = 0
     taken_out_config: str | None = None  # runtime fingerprint when the gate last went False
+    taken_out_configs: set[str] = field(default_factory=set)  # ... and every other time it did
 
     @property
     def boot_fp(self) -> str:
@@ -297,6 +298,13 @@ class Fleet:
                     raise Died
                 done.append(action)
                 outcomes.append(self.execute(action))
+            if self.watch_moves and any(isinstance(a, (Detach, Attach)) for a in actions):
+                # runtime calls take time: the step's watch may move before the pass returns, and
+                # the step looks at it meanwhile (rollout.follow_through._hand_over)
+                if self.watch_rng.random() < self.watch_moves:
+                    self._endpoints_catch_up()
+                for _ in range(3):
+                    await asyncio.sleep(0)
             return outcomes
 
         async def reobserve(names: list[str]) -> list[PodObservation]:
@@ -307,8 +315,10 @@ class Fleet:
             self._note(plan.events, plan.state)
 
         async def operator_step():
+            watched = (lambda: {pod.name: pod.endpoint_ready for pod in self.pods.values()}) if self.watch_moves else None
             run = await run_step(self.target, self.observe(), self.settings, self.persisted,
-                                 clock=clock, execute=execute, reobserve=reobserve, on_plan=note)
+                                 clock=clock, execute=execute, reobserve=reobserve, on_plan=note,
+                                 endpoint_ready=watched, poll=0)
             if self.watch_moves and self.watch_rng.random() < self.watch_moves:
                 self._endpoints_catch_up()  # the watch moved while the step ran
             ready = {pod.name: pod.endpoint_ready for pod in self.pods.values()}
@@ -378,6 +388,7 @@ class Fleet:
             was_available = pod.available
             if pod.gate is not False:
                 pod.taken_out_config = pod.runtime.fingerprint()
+                pod.taken_out_configs.add(pod.taken_out_config)
             pod.gate = False
             if was_available and self.unavailable() > self.settings.budget(self.replicas):
                 raise InvariantBroken(
@@ -465,6 +476,9 @@ class Fleet:
             failing = self.pods.get(plan.state.failure.pod)
             if failing is None:
                 raise InvariantBroken(f"failure names no pod of the fleet: {plan.state.failure}")
-            restored = {failing.taken_out_config, failing.boot_fp}
+            # back on what it ran when taken out: the swap record's `previous` may come from an
+            # earlier takeout than the last (found by hypothesis: a step whose state was lost had
+            # swapped the pod, which was then taken out on the target and its drain timed out)
+            restored = failing.taken_out_configs | {failing.boot_fp}
             if failing.runtime.fingerprint() not in restored and failing.uid not in self.rollback_failed:
                 raise InvariantBroken(f"failed pod {failing.name} was not restored: {failing.runtime.report()}")

@@ -217,3 +217,69 @@ def _reread(fleet: Fleet):
     async def reobserve(names):
         return fleet.observe(names)
     return reobserve
+
+
+def _mid_rollout(ready_cache_0: bool):
+    """maxUnavailable 2: cache-0 readmitted (endpoint not yet ready as the step began), cache-1
+    drained (its record persisted: the step calls its runtime), cache-2 still to do. The runtime
+    call blocks until the step takes cache-2 out, or until the watch was looked at ten times."""
+    fleet = Fleet(3, "file", follow_through=True, seed=3, max_unavailable=2)
+    fleet.set_target("mooncake")
+    fleet.tick()
+    fleet.step()  # cache-0 and cache-1 taken out, records persisted
+    back, drained = fleet.pods["cache-0"], fleet.pods["cache-1"]  # the fleet as the observations below say
+    back.gate, back.endpoint_ready, back.runtime = True, ready_cache_0, SimRuntime.booted_with(CONFIGS["mooncake"])
+    drained.endpoint_ready, drained.in_flight, drained.queued = False, 0, 0
+    now = fleet.clock + timedelta(seconds=5)
+    state = SwapState.from_status(fleet.persisted)
+    readmitting = state.pods["cache-0"].model_copy(update={"step": Step.READMITTING, "acted_at": now})
+    state = state.model_copy(update={"pods": {**state.pods, "cache-0": readmitting}})
+    a, b, c = fleet.observe()
+    later = now + timedelta(milliseconds=1)
+    observed = [a.model_copy(update={"serving_gate": True, "endpoint_ready": False, "observed_at": later,
+                                     "backend": SimRuntime.booted_with(CONFIGS["mooncake"]).report()}),
+                b.model_copy(update={"serving_gate": False, "endpoint_ready": False, "in_flight": 0, "queued": 0,
+                                     "observed_at": later}),
+                c]
+    executed: list = []
+    looks = 0
+
+    async def execute(actions):
+        if any(isinstance(x, (Detach, Attach)) for x in actions):
+            for _ in range(200):
+                if any(isinstance(x, SetServingGate) and x.pod == "cache-2" for x in executed) or looks >= 10:
+                    break
+                await asyncio.sleep(0.001)
+        executed.extend(actions)
+        return [fleet.execute(x) for x in actions]
+
+    async def reobserve(names):
+        return []
+
+    def endpoint_ready():
+        nonlocal looks
+        looks += 1
+        return {"cache-0": ready_cache_0, "cache-1": False, "cache-2": True}
+
+    clock = iter(now + timedelta(milliseconds=2 + i) for i in range(100))
+    run = asyncio.run(run_step(fleet.target, observed, fleet.settings, state, clock=lambda: next(clock),
+                               execute=execute, reobserve=reobserve, max_passes=1,
+                               endpoint_ready=endpoint_ready, poll=0.001))
+    return run, executed
+
+
+def test_a_readmission_that_finishes_during_a_call_hands_its_slot_over_before_the_call_returns():
+    run, executed = _mid_rollout(ready_cache_0=True)
+    kinds = [(type(x).__name__, x.pod) for x in executed]
+    assert kinds.index(("SetServingGate", "cache-2")) < kinds.index(("Detach", "cache-1"))
+    assert [x.serving for x in executed if x.pod == "cache-2"] == [False]
+    assert set(run.state.pods) == {"cache-1", "cache-2"}  # cache-0 done: its slot went to cache-2
+    assert run.state.pods["cache-2"].step is Step.DRAINING and run.state.pods["cache-2"].previous is not None
+    assert any(e.reason == "PodDraining" and e.pod == "cache-2" for e in run.events)
+    assert run.observed["cache-2"].serving_gate is False and run.observed["cache-0"].endpoint_ready is True
+
+
+def test_no_slot_is_handed_over_while_the_readmission_has_not_finished():
+    run, executed = _mid_rollout(ready_cache_0=False)
+    assert [x.pod for x in executed] == ["cache-1"]  # the call, after ten looks at the watch
+    assert set(run.state.pods) == {"cache-0", "cache-1"}
