@@ -125,6 +125,35 @@ class Timeline:
                 out[pod] = (start[pod], t)
         return out
 
+    def endpoint_lags(self) -> list[float]:
+        """For every Ready flip, the time until the EndpointSlice shows it: the EndpointSlice
+        controller's share of each procedure, which the operator waits on but cannot shorten."""
+        lags, pending = [], {}
+        for t, pod, what in sorted(self.events):
+            kind, value = what.split("=")
+            if kind == "ready":
+                pending[pod] = (value, t)
+            elif kind == "endpoint" and pending.get(pod, ("",))[0] == value:
+                lags.append(t - pending.pop(pod)[1])
+        return lags
+
+
+STALE_RETRY = re.compile(r'^I(\d{4} \d\d:\d\d:\d\d\.\d+) .*"Error syncing endpoint slices for service, retrying" '
+                         r'.*key="([^"]+)" err="EndpointSlice informer cache is out of date"')
+
+
+def stale_retries(kcm_log: Path, key: str, since: float, until: float) -> int:
+    """The EndpointSlice controller's syncs of the Service refused because its own last write
+    was not yet in its cache; each is retried only on the next pod change or after a backoff
+    of 1 s, doubling while they repeat (klog's timestamps are local time, without the year)."""
+    year, count = time.localtime(since).tm_year, 0
+    for line in kcm_log.read_text(errors="replace").splitlines():
+        m = STALE_RETRY.match(line)
+        if m and m.group(2) == key:
+            t = time.mktime(time.strptime(f"{year}{m.group(1)[:13]}", "%Y%m%d %H:%M:%S")) + float(m.group(1)[13:])
+            count += since <= t <= until
+    return count
+
 
 def operator_steps(log: Path, offset: int, ns: str) -> list[tuple[float, str]]:
     """The operator's own ``swap step`` log lines for this namespace: (start time, line)."""
@@ -204,6 +233,7 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
     per_pod = [end - start for start, end in spans.values()]
     per_pod_mean = statistics.mean(per_pod) if per_pod else float("nan")
     steps = math.ceil(pods / max_unavailable)
+    lags = sorted(timeline.endpoint_lags())
     if timeline_dir is not None:
         timeline_dir.mkdir(parents=True, exist_ok=True)
         lines = [(t, f"{pod} {what}") for t, pod, what in timeline.events]
@@ -216,6 +246,10 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
             "per_pod_procedure_s_median": round(statistics.median(per_pod), 3) if per_pod else None,
             "per_pod_procedure_s_max": round(max(per_pod), 2) if per_pod else None,
             "per_pod_not_ready_s_median": round(statistics.median(not_ready), 2) if not_ready else None,
+            "endpoint_lag_s": {"p50": round(statistics.median(lags), 3), "p90": round(lags[int(0.9 * (len(lags) - 1))], 3),
+                               "max": round(lags[-1], 3)} if lags else None,
+            "endpointslice_stale_retries": stale_retries(cluster.logdir / "kube-controller-manager.log", f"{ns}/{name}",
+                                                         t0, t0 + wall_status),
             "pods_swapped": len(spans), "steps": steps,
             "ratio": round(wall / (steps * per_pod_mean), 3) if per_pod else None,
             "requests": len(report.outcomes), "failed_requests": len(report.failures),
@@ -258,6 +292,9 @@ def main() -> None:
             if a.timeline is not None and op is not None and op.log.exists():
                 a.timeline.mkdir(parents=True, exist_ok=True)
                 (a.timeline / "operator.log").write_bytes(op.log.read_bytes())
+                kcm_log = cluster.logdir / "kube-controller-manager.log"  # the EndpointSlice controller's retries
+                if kcm_log.exists():
+                    (a.timeline / kcm_log.name).write_bytes(kcm_log.read_bytes())
     out = {"results": results, "goal": {"ratio_max": 1.2, "failed_requests": 0}}
     print(json.dumps(out, indent=2))
     if a.json_out:

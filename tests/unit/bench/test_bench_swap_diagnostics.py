@@ -1,0 +1,43 @@
+"""bench/swap.py's split of each procedure: how long the EndpointSlice controller took to show
+each Ready flip, and how often it refused a sync on its own stale cache (read from its log)."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+_spec = importlib.util.spec_from_file_location("swap_bench", REPO / "bench" / "swap.py")
+swap = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(swap)
+
+
+def klog_stale(t: float, key: str) -> str:
+    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(t)) + f"{t % 1:.6f}"[1:]
+    return (f'I{stamp}   17226 endpointslice_controller.go:344] "Error syncing endpoint slices for service, '
+            f'retrying" logger="endpointslice-controller" key="{key}" err="EndpointSlice informer cache is out of date"')
+
+
+def test_stale_retries_counts_the_services_refusals_inside_the_window(tmp_path):
+    t0 = time.mktime((2026, 11, 22, 8, 42, 27, 0, 0, -1)) + 0.25
+    log = tmp_path / "kube-controller-manager.log"
+    log.write_text("\n".join([
+        klog_stale(t0 - 5, "ns/fleet"),  # before the swap
+        klog_stale(t0 + 0.1, "ns/fleet"),
+        klog_stale(t0 + 0.1, "ns/fleet-pods"),  # the headless Service
+        'I1122 08:42:27.400000   17226 endpointslice_controller.go:300] "something else" key="ns/fleet"',
+        klog_stale(t0 + 1.9, "ns/fleet"),
+        klog_stale(t0 + 3, "ns/fleet"),  # after it
+    ]))
+    assert swap.stale_retries(log, "ns/fleet", t0, t0 + 2) == 2
+
+
+def test_endpoint_lags_pair_each_ready_flip_with_the_slice_showing_it():
+    tl = swap.Timeline(None, "ns", "fleet")
+    tl.events = [(1.0, "a", "gate=False"), (1.1, "a", "ready=False"), (1.3, "a", "endpoint=False"),
+                 (2.0, "a", "ready=True"), (2.1, "b", "ready=False"), (2.15, "b", "endpoint=False"),
+                 (3.0, "a", "endpoint=True"),
+                 (4.0, "b", "ready=True"), (4.1, "b", "ready=False"), (4.2, "b", "endpoint=False")]
+    # b flipped back before its slice showed True: only the flip the slice showed counts, from its own time
+    assert [round(x, 3) for x in swap.Timeline.endpoint_lags(tl)] == [0.2, 0.05, 1.0, 0.1]
