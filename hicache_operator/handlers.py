@@ -523,7 +523,9 @@ def pod_essence(body: Any) -> dict:
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations",
                                                "deletionTimestamp", "creationTimestamp") if k in meta},
-            "status": {k: status[k] for k in ("phase", "podIP", "conditions") if k in status}}
+            "status": {**{k: status[k] for k in ("phase", "podIP", "conditions") if k in status},
+                       "containerStatuses": [{k: cs[k] for k in ("name", "started", "ready", "restartCount") if k in cs}
+                                             for cs in status.get("containerStatuses") or []]}}
 
 
 @kopf.index("", "v1", "pods", labels={labels.MANAGED_BY: labels.MANAGER})

@@ -68,6 +68,18 @@ def pod_is_ready(pod: dict) -> bool:
     return _pod_condition(pod, "Ready") == "True"
 
 
+def pod_is_starting(pod: dict) -> bool:
+    """Starting for the first time: scheduled and pending, or a container whose startup probe
+    has not passed yet (the kubelet's ``started``). Loading a model takes minutes, and that is
+    progress, not a degraded fleet. Not starting, so a problem when not ready: unschedulable,
+    restarted (crashed or killed by its liveness probe), or started and failing readiness."""
+    status = pod.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    if any(cs.get("restartCount") for cs in containers) or _pod_condition(pod, "PodScheduled") == "False":
+        return False
+    return status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers)
+
+
 def pod_is_terminating(pod: dict) -> bool:
     return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
 
@@ -106,6 +118,7 @@ def build_status(*, generation: int, previous: dict | None, desired: Desired | N
     previous = previous or {}
     live = [p for p in pods if not pod_is_terminating(p)]
     ready = sum(1 for p in live if pod_is_ready(p))
+    starting = sum(1 for p in live if not pod_is_ready(p) and pod_is_starting(p))
     replicas = desired.replicas if desired else int(previous.get("replicas") or len(live))
     out: dict[str, Any] = {
         "observedGeneration": generation,
@@ -140,11 +153,16 @@ def build_status(*, generation: int, previous: dict | None, desired: Desired | N
             progressing = ("Scaling", f"{len(live)} pod(s), want {desired.replicas}")
         elif behind:
             progressing = ("BackendSwap", f"{progress} pod(s) on the target storage config ({desired.backend})")
+        elif starting:
+            progressing = ("PodsStarting", f"{starting} of {len(live)} pod(s) starting (not scheduled or startup "
+                                           "probe not passed yet)")
     conds.append(_cond("Progressing", progressing is not None, *(progressing or ("Reconciled", "pods match the spec"))))
 
     problem = degraded[0] if degraded else None
-    if problem is None and progressing is None and ready < replicas:
-        problem = ("ReplicasUnavailable", f"{ready} of {replicas} pod(s) ready")
+    settled = progressing is None or progressing[0] == "PodsStarting"
+    if problem is None and settled and ready + starting < replicas:
+        problem = ("ReplicasUnavailable", f"{ready} of {replicas} pod(s) ready"
+                   + (f", {starting} starting" if starting else ""))
     if problem:
         message = "; ".join(m for _, m in degraded) if degraded else problem[1]
         conds.append(_cond("Degraded", True, problem[0], message))

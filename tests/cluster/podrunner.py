@@ -298,7 +298,8 @@ class PodWorker(threading.Thread):
     # -- status ----------------------------------------------------------------------------
     def _patch_status(self, containers_ready: bool, running: bool, last_exit: int | None = None) -> None:
         ready = containers_ready and self._gates_ok()
-        key = (containers_ready, ready, running, self.restarts)
+        started = running and getattr(self, "started", False)  # the kubelet's: startup probe passed
+        key = (containers_ready, ready, started, running, self.restarts)
         if key == self.last_status:
             return
         t = now()
@@ -313,7 +314,7 @@ class PodWorker(threading.Thread):
                 {"type": "ContainersReady", "status": str(containers_ready), "lastTransitionTime": t},
                 {"type": "Ready", "status": str(ready), "lastTransitionTime": t}],
             "containerStatuses": [{"name": c["name"], "image": c.get("image", ""), "imageID": "",
-                                   "ready": containers_ready, "started": running,
+                                   "ready": containers_ready, "started": started,
                                    "restartCount": self.restarts, "state": state}]}}
         try:
             self.runner.core.patch_namespaced_pod_status(self.name, self.ns, body)

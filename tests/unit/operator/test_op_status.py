@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from op_helpers import body, gpu_node
 
 from hicache_operator import labels
@@ -103,3 +104,34 @@ def test_transition_time_moves_only_on_flip_and_foreign_conditions_survive():
     merged = {c["type"]: c for c in merge_conditions(prev, new, 3, "t1")}
     assert merged["Ready"]["lastTransitionTime"] == "t0" and merged["Degraded"]["lastTransitionTime"] == "t1"
     assert "BackendSwapHalted" in merged
+
+
+def _pod_in(i, d, *, phase="Running", started=True, restarts=0, scheduled=None, ready=False):
+    p = pod(i, restart=d.restart_hash, storage=d.storage_hash, ready=ready)
+    p["status"].update(phase=phase, containerStatuses=[{"name": "runtime", "started": started,
+                                                        "ready": ready, "restartCount": restarts}])
+    if scheduled is not None:
+        p["status"]["conditions"].append({"type": "PodScheduled", "status": scheduled, "reason": "Unschedulable"})
+    return p
+
+
+def test_pods_loading_their_model_are_progress_not_degradation():
+    d = _desired(replicas=3)
+    pods = [_pod_in(0, d, ready=True), _pod_in(1, d, started=False), _pod_in(2, d, phase="Pending", started=False)]
+    c = conds(build_status(generation=1, previous=None, desired=d, errors=[], pods=pods, degraded=[], now="t"))
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "PodsStarting")
+    assert c["Progressing"]["message"].startswith("2 of 3 pod(s) starting")
+    assert c["Degraded"]["status"] == "False" and c["Ready"]["status"] == "False"
+
+
+@pytest.mark.parametrize("broken", [
+    dict(started=True),  # started, failing its readiness probe
+    dict(started=False, restarts=2),  # crash-looping: it started before
+    dict(phase="Pending", started=False, scheduled="False"),  # no node fits
+], ids=["unready", "restarted", "unschedulable"])
+def test_a_pod_that_is_not_starting_and_not_ready_degrades_the_fleet_even_while_others_start(broken):
+    d = _desired(replicas=3)
+    pods = [_pod_in(0, d, ready=True), _pod_in(1, d, started=False), _pod_in(2, d, **broken)]
+    c = conds(build_status(generation=1, previous=None, desired=d, errors=[], pods=pods, degraded=[], now="t"))
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "ReplicasUnavailable")
+    assert c["Degraded"]["message"] == "1 of 3 pod(s) ready, 1 starting"
