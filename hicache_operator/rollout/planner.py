@@ -126,18 +126,19 @@ class _Planner:
         self.actions: list[Action] = []
         self.events: list[Event] = []
         self.acted: set[str] = set()
+        discarded = False
         try:
             prior = SwapState.from_status(state)
         except InvalidSwapState as exc:
             self._event("Warning", "SwapStateDiscarded", f"{exc}; resuming from observation")
-            prior = None
+            prior, discarded = None, True
         self.prior = prior
-        self.state = self._begin(prior)
+        self.state = self._begin(prior, initial=prior is None and not discarded)
         self.records: dict[str, PodSwap] = dict(self.state.pods)
 
     # ---------------------------------------------------------------- overall
 
-    def _begin(self, prior: SwapState | None) -> SwapState:
+    def _begin(self, prior: SwapState | None, initial: bool) -> SwapState:
         if prior is not None and prior.target == self.target_fp:
             return prior
         records: dict[str, PodSwap] = {}
@@ -157,6 +158,7 @@ class _Planner:
             target_backend=self.target.backend,
             started_at=self.now,
             pods=records,
+            initial=initial,
         )
 
     @property
@@ -394,7 +396,7 @@ class _Planner:
             if self.records or mismatched:
                 self._in_progress()
             elif not unknown and not self._absent(live) and all(o.available for o in live):
-                if self.state.phase is not Phase.COMPLETE and self.prior is not None:
+                if self.state.phase is not Phase.COMPLETE and self.prior is not None and not self.state.initial:
                     self._event("Normal", "BackendSwapComplete", f"all {len(live)} pods run {self.target.describe()}")
                 self.state = self.state.model_copy(update={"phase": Phase.COMPLETE})
         backends = sorted({o.backend.backend or "none" for o in live if o.reachable})
@@ -450,8 +452,9 @@ class _Planner:
         return max(0, desired - len(live))
 
     def _in_progress(self) -> None:
-        if self.state.phase is Phase.COMPLETE:
-            self.state = self.state.model_copy(update={"phase": Phase.IN_PROGRESS})
+        """Swap work found: a first target that needs it is a swap like any other."""
+        if self.state.phase is Phase.COMPLETE or self.state.initial:
+            self.state = self.state.model_copy(update={"phase": Phase.IN_PROGRESS, "initial": False})
 
     def _fresh(self, obs: PodObservation, rec: PodSwap) -> bool:
         return obs.observed_at > rec.acted_at

@@ -69,6 +69,9 @@ class SwapState(_StatusModel):
     started_at: AwareDatetime
     failure: Failure | None = None
     pods: dict[str, PodSwap] = Field(default_factory=dict)
+    # The fleet's first target: pods start on it from their command line, so there is no swap to
+    # report complete, unless one turns out to be needed (then this is cleared).
+    initial: bool = False
 
     def to_status(self) -> dict[str, Any]:
         """JSON-ready camelCase dict for ``status.backendSwap``."""

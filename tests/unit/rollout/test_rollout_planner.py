@@ -141,6 +141,26 @@ def test_new_pods_are_admitted_whether_reachable_or_not():
     assert plan.requeue_after == op.settings.poll_seconds
 
 
+def test_a_new_fleet_coming_up_on_its_first_target_reports_no_swap_complete():
+    op = Operator(FILE)
+    plan = op.step([pod("c-0", gate=None, ready=None), pod("c-1", gate=None, ready=None)])
+    assert reasons(plan) == [] and plan.state.phase.value == "InProgress"
+    op.step([pod("c-0", ready=False), pod("c-1", ready=False)])
+    plan = op.step([pod("c-0"), pod("c-1")])
+    assert plan.state.phase.value == "Complete" and reasons(plan) == []  # nothing was swapped
+    assert condition(plan, "BackendSwapInProgress")[:2] == ("False", "Complete")
+    # the next target is a swap like any other, reported when it completes
+    op.target = MOONCAKE
+    plans = swap_one_pod(op, "c-0", FILE, MOONCAKE, others=[pod("c-1", MOONCAKE)])
+    assert reasons(plans[0])[0] == "BackendSwapStarted" and reasons(plans[-1]) == ["BackendSwapComplete"]
+
+
+def test_a_first_target_that_needs_a_swap_reports_it_complete():
+    op = Operator(MOONCAKE)
+    plans = swap_one_pod(op, "c-0", FILE, MOONCAKE, others=[pod("c-1", MOONCAKE)])
+    assert "BackendSwapComplete" in reasons(plans[-1])
+
+
 def test_new_pod_with_a_stale_config_is_swapped_before_it_ever_serves_even_with_the_budget_full():
     op = Operator(MOONCAKE, max_unavailable=1)
     plan = op.step([pod("c-0", MOONCAKE, ready=False), pod("c-1", FILE, gate=None, ready=None)])
