@@ -524,8 +524,15 @@ def pod_essence(body: Any) -> dict:
     return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations",
                                                "deletionTimestamp", "creationTimestamp") if k in meta},
             "status": {**{k: status[k] for k in ("phase", "podIP", "conditions") if k in status},
-                       "containerStatuses": [{k: cs[k] for k in ("name", "started", "ready", "restartCount") if k in cs}
-                                             for cs in status.get("containerStatuses") or []]}}
+                       "containerStatuses": [_container_essence(cs) for cs in status.get("containerStatuses") or []]}}
+
+
+def _container_essence(cs: dict) -> dict:
+    out = {k: cs[k] for k in ("name", "started", "ready", "restartCount") if k in cs}
+    running = (cs.get("state") or {}).get("running")
+    if running is not None:
+        out["state"] = {"running": {"startedAt": running.get("startedAt")}}
+    return out
 
 
 @kopf.index("", "v1", "pods", labels={labels.MANAGED_BY: labels.MANAGER})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,15 +70,37 @@ def pod_is_ready(pod: dict) -> bool:
 
 
 def pod_is_starting(pod: dict) -> bool:
-    """Starting for the first time: scheduled and pending, or a container whose startup probe
-    has not passed yet (the kubelet's ``started``). Loading a model takes minutes, and that is
+    """Starting for the first time: scheduled and pending, a container whose startup probe has
+    not passed yet (the kubelet's ``started``), not admitted to serving yet, or started and not
+    ready once since. Loading a model takes minutes, and that is
     progress, not a degraded fleet. Not starting, so a problem when not ready: unschedulable,
     restarted (crashed or killed by its liveness probe), or started and failing readiness."""
     status = pod.get("status") or {}
     containers = status.get("containerStatuses") or []
     if any(cs.get("restartCount") for cs in containers) or _pod_condition(pod, "PodScheduled") == "False":
         return False
-    return status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers)
+    if status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers):
+        return True
+    if _pod_condition(pod, labels.SERVING_CONDITION) is None:
+        return True  # not admitted to serving yet: the operator sets the gate on first sight
+    return _unready_since_start(pod, containers)
+
+
+def _unready_since_start(pod: dict, containers: list[dict]) -> bool:
+    """Started, and not ready once since: its first readiness probes are still to come. The
+    kubelet moves ContainersReady's lastTransitionTime only when it flips, so a False dating from
+    before the containers started has not been True since (one that failed later is newer)."""
+    cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "ContainersReady"),
+                None)
+    started = [((cs.get("state") or {}).get("running") or {}).get("startedAt") for cs in containers]
+    if cond is None or cond.get("status") != "False" or not cond.get("lastTransitionTime") \
+            or not started or None in started:
+        return False
+    return _when(cond["lastTransitionTime"]) <= min(_when(t) for t in started)
+
+
+def _when(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def pod_is_terminating(pod: dict) -> bool:

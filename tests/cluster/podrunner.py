@@ -137,6 +137,8 @@ class PodWorker(threading.Thread):
         self.stop_event = threading.Event()
         self.wake = threading.Event()  # the pod object changed: look again now, not at the next tick
         self.last_status: tuple | None = None
+        # condition -> (status, lastTransitionTime); not ready from before its container starts
+        self.transitions: dict[str, tuple[bool, str]] = {"ContainersReady": (False, now()), "Ready": (False, now())}
         self.liveness_failures = 0
         self.readiness = {"ok": 0, "fail": 0}
 
@@ -302,17 +304,14 @@ class PodWorker(threading.Thread):
         key = (containers_ready, ready, started, running, self.restarts)
         if key == self.last_status:
             return
-        t = now()
         c = self.container()
         state = {"running": {"startedAt": self.started_at}} if running else \
             {"waiting": {"reason": "CrashLoopBackOff", "message": f"exited with {last_exit}"}}
         body = {"status": {
             "phase": "Running", "hostIP": self.host_ip, "hostIPs": [{"ip": self.host_ip}],
             "podIP": self.ip, "podIPs": [{"ip": self.ip}], "startTime": self.started_at,
-            "conditions": [
-                {"type": "Initialized", "status": "True", "lastTransitionTime": t},
-                {"type": "ContainersReady", "status": str(containers_ready), "lastTransitionTime": t},
-                {"type": "Ready", "status": str(ready), "lastTransitionTime": t}],
+            "conditions": [self._condition("Initialized", True), self._condition("ContainersReady", containers_ready),
+                           self._condition("Ready", ready)],
             "containerStatuses": [{"name": c["name"], "image": c.get("image", ""), "imageID": "",
                                    "ready": containers_ready, "started": started,
                                    "restartCount": self.restarts, "state": state}]}}
@@ -324,6 +323,13 @@ class PodWorker(threading.Thread):
                 self.stop_event.set()
             else:
                 log.warning("status patch for %s/%s failed: %s", self.ns, self.name, e.reason)
+
+    def _condition(self, ctype: str, status: bool) -> dict:
+        """As a kubelet writes it: lastTransitionTime moves only when the status flips (the
+        operator reads "not ready since the container started" from it)."""
+        if self.transitions.get(ctype, (None,))[0] != status:
+            self.transitions[ctype] = (status, now())
+        return {"type": ctype, "status": str(status), "lastTransitionTime": self.transitions[ctype][1]}
 
     # -- main loop --------------------------------------------------------------------------
     def run(self) -> None:

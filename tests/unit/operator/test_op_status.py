@@ -106,26 +106,36 @@ def test_transition_time_moves_only_on_flip_and_foreign_conditions_survive():
     assert "BackendSwapHalted" in merged
 
 
-def _pod_in(i, d, *, phase="Running", started=True, restarts=0, scheduled=None, ready=False):
-    p = pod(i, restart=d.restart_hash, storage=d.storage_hash, ready=ready)
-    p["status"].update(phase=phase, containerStatuses=[{"name": "runtime", "started": started,
-                                                        "ready": ready, "restartCount": restarts}])
+STARTED_AT = "2025-01-01T10:00:05Z"
+
+
+def _pod_in(i, d, *, phase="Running", started=True, restarts=0, scheduled=None, ready=False,
+            unready_since="2025-01-01T10:00:01Z", gate="True"):
+    """A pod whose container started at STARTED_AT; ContainersReady flipped last at unready_since."""
+    p = pod(i, restart=d.restart_hash, storage=d.storage_hash, ready=ready, gate=gate)
+    p["status"].update(phase=phase, containerStatuses=[{"name": "runtime", "started": started, "ready": ready,
+                                                        "restartCount": restarts,
+                                                        "state": {"running": {"startedAt": STARTED_AT}}}])
+    p["status"]["conditions"].append({"type": "ContainersReady", "status": str(ready),
+                                      "lastTransitionTime": unready_since})
     if scheduled is not None:
         p["status"]["conditions"].append({"type": "PodScheduled", "status": scheduled, "reason": "Unschedulable"})
     return p
 
 
 def test_pods_loading_their_model_are_progress_not_degradation():
-    d = _desired(replicas=3)
-    pods = [_pod_in(0, d, ready=True), _pod_in(1, d, started=False), _pod_in(2, d, phase="Pending", started=False)]
+    d = _desired(replicas=5)
+    pods = [_pod_in(0, d, ready=True), _pod_in(1, d, started=False), _pod_in(2, d, phase="Pending", started=False),
+            _pod_in(3, d, unready_since=STARTED_AT),  # started, its first readiness probe still to come
+            _pod_in(4, d, unready_since="2025-01-01T10:07:00Z", gate=None)]  # ready, not yet admitted to serving
     c = conds(build_status(generation=1, previous=None, desired=d, errors=[], pods=pods, degraded=[], now="t"))
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "PodsStarting")
-    assert c["Progressing"]["message"].startswith("2 of 3 pod(s) starting")
+    assert c["Progressing"]["message"].startswith("4 of 5 pod(s) starting")
     assert c["Degraded"]["status"] == "False" and c["Ready"]["status"] == "False"
 
 
 @pytest.mark.parametrize("broken", [
-    dict(started=True),  # started, failing its readiness probe
+    dict(unready_since="2025-01-01T10:07:00Z"),  # was ready after it started, failing its readiness probe since
     dict(started=False, restarts=2),  # crash-looping: it started before
     dict(phase="Pending", started=False, scheduled="False"),  # no node fits
 ], ids=["unready", "restarted", "unschedulable"])
