@@ -529,9 +529,11 @@ def pod_essence(body: Any) -> dict:
 
 def _container_essence(cs: dict) -> dict:
     out = {k: cs[k] for k in ("name", "started", "ready", "restartCount") if k in cs}
-    running = (cs.get("state") or {}).get("running")
-    if running is not None:
-        out["state"] = {"running": {"startedAt": running.get("startedAt")}}
+    state = cs.get("state") or {}
+    if state.get("running") is not None:
+        out["state"] = {"running": {"startedAt": state["running"].get("startedAt")}}
+    elif state.get("waiting") is not None:
+        out["state"] = {"waiting": {"reason": state["waiting"].get("reason")}}
     return out
 
 

@@ -69,21 +69,31 @@ def pod_is_ready(pod: dict) -> bool:
     return _pod_condition(pod, "Ready") == "True"
 
 
-def pod_is_starting(pod: dict) -> bool:
-    """Starting for the first time: scheduled and pending, a container whose startup probe has
-    not passed yet (the kubelet's ``started``), not admitted to serving yet, or started and not
-    ready once since. Loading a model takes minutes, and that is
-    progress, not a degraded fleet. Not starting, so a problem when not ready: unschedulable,
-    restarted (crashed or killed by its liveness probe), or started and failing readiness."""
+STILL_CREATING = {"ContainerCreating", "PodInitializing"}  # waiting reasons that are no fault
+
+
+def unavailable_reason(pod: dict) -> str | None:
+    """Why a pod that is not Ready counts against the fleet, or None while it is starting for
+    the first time: pending, startup probe not passed yet (the kubelet's ``started``), not yet
+    admitted to serving, or started and not ready once since. Loading a model takes minutes, and
+    that is progress, not a degraded fleet; a pod that cannot start, crashed, cannot be
+    scheduled or was ready and failed is a problem."""
     status = pod.get("status") or {}
     containers = status.get("containerStatuses") or []
-    if any(cs.get("restartCount") for cs in containers) or _pod_condition(pod, "PodScheduled") == "False":
-        return False
+    for cs in containers:
+        waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+        if waiting and waiting not in STILL_CREATING:
+            return waiting  # ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff, ...
+    restarts = sum(cs.get("restartCount") or 0 for cs in containers)
+    if restarts:
+        return f"restarted {restarts} time(s)"
+    if _pod_condition(pod, "PodScheduled") == "False":
+        return "Unschedulable"
     if status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers):
-        return True
+        return None
     if _pod_condition(pod, labels.SERVING_CONDITION) is None:
-        return True  # not admitted to serving yet: the operator sets the gate on first sight
-    return _unready_since_start(pod, containers)
+        return None  # not admitted to serving yet: the operator sets the gate on first sight
+    return None if _unready_since_start(pod, containers) else "not ready"
 
 
 def _unready_since_start(pod: dict, containers: list[dict]) -> bool:
@@ -141,7 +151,8 @@ def build_status(*, generation: int, previous: dict | None, desired: Desired | N
     previous = previous or {}
     live = [p for p in pods if not pod_is_terminating(p)]
     ready = sum(1 for p in live if pod_is_ready(p))
-    starting = sum(1 for p in live if not pod_is_ready(p) and pod_is_starting(p))
+    unready = {p["metadata"]["name"]: unavailable_reason(p) for p in live if not pod_is_ready(p)}
+    starting = sum(1 for why in unready.values() if why is None)
     replicas = desired.replicas if desired else int(previous.get("replicas") or len(live))
     out: dict[str, Any] = {
         "observedGeneration": generation,
@@ -177,15 +188,13 @@ def build_status(*, generation: int, previous: dict | None, desired: Desired | N
         elif behind:
             progressing = ("BackendSwap", f"{progress} pod(s) on the target storage config ({desired.backend})")
         elif starting:
-            progressing = ("PodsStarting", f"{starting} of {len(live)} pod(s) starting (not scheduled or startup "
-                                           "probe not passed yet)")
+            progressing = ("PodsStarting", f"{starting} of {len(live)} pod(s) starting")
     conds.append(_cond("Progressing", progressing is not None, *(progressing or ("Reconciled", "pods match the spec"))))
 
     problem = degraded[0] if degraded else None
     settled = progressing is None or progressing[0] == "PodsStarting"
     if problem is None and settled and ready + starting < replicas:
-        problem = ("ReplicasUnavailable", f"{ready} of {replicas} pod(s) ready"
-                   + (f", {starting} starting" if starting else ""))
+        problem = ("ReplicasUnavailable", _unavailable_message(ready, replicas, starting, unready))
     if problem:
         message = "; ".join(m for _, m in degraded) if degraded else problem[1]
         conds.append(_cond("Degraded", True, problem[0], message))
@@ -197,6 +206,15 @@ def build_status(*, generation: int, previous: dict | None, desired: Desired | N
                        f"{ready}/{replicas} pod(s) ready"))
     out["conditions"] = merge_conditions(previous.get("conditions") or [], conds, generation, now)
     return out
+
+
+def _unavailable_message(ready: int, replicas: int, starting: int, unready: dict[str, str | None]) -> str:
+    """E.g. "1 of 3 pod(s) ready, 1 starting; demo-2: CrashLoopBackOff": which pods to look at."""
+    message = f"{ready} of {replicas} pod(s) ready" + (f", {starting} starting" if starting else "")
+    why = [f"{name}: {reason}" for name, reason in sorted(unready.items()) if reason]
+    if why:
+        message += "; " + ", ".join(why[:3]) + (f" and {len(why) - 3} more" if len(why) > 3 else "")
+    return message
 
 
 def _cond(ctype: str, status: bool, reason: str, message: str) -> dict[str, Any]:

@@ -110,12 +110,12 @@ STARTED_AT = "2025-01-01T10:00:05Z"
 
 
 def _pod_in(i, d, *, phase="Running", started=True, restarts=0, scheduled=None, ready=False,
-            unready_since="2025-01-01T10:00:01Z", gate="True"):
+            unready_since="2025-01-01T10:00:01Z", gate="True", state=None):
     """A pod whose container started at STARTED_AT; ContainersReady flipped last at unready_since."""
     p = pod(i, restart=d.restart_hash, storage=d.storage_hash, ready=ready, gate=gate)
     p["status"].update(phase=phase, containerStatuses=[{"name": "runtime", "started": started, "ready": ready,
                                                         "restartCount": restarts,
-                                                        "state": {"running": {"startedAt": STARTED_AT}}}])
+                                                        "state": state or {"running": {"startedAt": STARTED_AT}}}])
     p["status"]["conditions"].append({"type": "ContainersReady", "status": str(ready),
                                       "lastTransitionTime": unready_since})
     if scheduled is not None:
@@ -134,14 +134,21 @@ def test_pods_loading_their_model_are_progress_not_degradation():
     assert c["Degraded"]["status"] == "False" and c["Ready"]["status"] == "False"
 
 
-@pytest.mark.parametrize("broken", [
-    dict(unready_since="2025-01-01T10:07:00Z"),  # was ready after it started, failing its readiness probe since
-    dict(started=False, restarts=2),  # crash-looping: it started before
-    dict(phase="Pending", started=False, scheduled="False"),  # no node fits
-], ids=["unready", "restarted", "unschedulable"])
-def test_a_pod_that_is_not_starting_and_not_ready_degrades_the_fleet_even_while_others_start(broken):
+def _waiting(reason):
+    return dict(phase="Pending", started=False, state={"waiting": {"reason": reason}})
+
+
+@pytest.mark.parametrize("broken, why", [
+    (dict(unready_since="2025-01-01T10:07:00Z"), "not ready"),  # was ready after it started, failing since
+    (dict(started=False, restarts=2), "restarted 2 time(s)"),
+    (dict(_waiting("CrashLoopBackOff"), restarts=3), "CrashLoopBackOff"),
+    (dict(phase="Pending", started=False, scheduled="False"), "Unschedulable"),
+    (_waiting("ImagePullBackOff"), "ImagePullBackOff"),
+    (_waiting("CreateContainerConfigError"), "CreateContainerConfigError"),
+], ids=["unready", "restarted", "crash-loop", "unschedulable", "image", "config"])
+def test_a_pod_that_is_not_starting_and_not_ready_degrades_the_fleet_even_while_others_start(broken, why):
     d = _desired(replicas=3)
-    pods = [_pod_in(0, d, ready=True), _pod_in(1, d, started=False), _pod_in(2, d, **broken)]
+    pods = [_pod_in(0, d, ready=True), _pod_in(1, d, **_waiting("ContainerCreating")), _pod_in(2, d, **broken)]
     c = conds(build_status(generation=1, previous=None, desired=d, errors=[], pods=pods, degraded=[], now="t"))
     assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "ReplicasUnavailable")
-    assert c["Degraded"]["message"] == "1 of 3 pod(s) ready, 1 starting"
+    assert c["Degraded"]["message"] == f"1 of 3 pod(s) ready, 1 starting; demo-2: {why}"
