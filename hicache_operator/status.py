@@ -85,8 +85,10 @@ def unavailable_reason(pod: dict) -> str | None:
         if waiting and waiting not in STILL_CREATING:
             return waiting  # ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff, ...
     restarts = sum(cs.get("restartCount") or 0 for cs in containers)
-    if restarts:
-        return f"restarted {restarts} time(s)"
+    if restarts:  # back from a crash, or ready since and failing now
+        if any(cs.get("started") is False for cs in containers) or _unready_since_start(pod, containers):
+            return f"restarted {restarts} time(s)"
+        return f"not ready (earlier restarts: {restarts})"
     if _pod_condition(pod, "PodScheduled") == "False":
         return "Unschedulable"
     if status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers):

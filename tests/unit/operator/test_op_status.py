@@ -141,11 +141,14 @@ def _waiting(reason):
 @pytest.mark.parametrize("broken, why", [
     (dict(unready_since="2025-01-01T10:07:00Z"), "not ready"),  # was ready after it started, failing since
     (dict(started=False, restarts=2), "restarted 2 time(s)"),
+    (dict(restarts=1, unready_since=STARTED_AT), "restarted 1 time(s)"),  # back from a crash, not ready yet
+    (dict(restarts=1, unready_since="2025-01-01T10:07:00Z"), "not ready (earlier restarts: 1)"),
     (dict(_waiting("CrashLoopBackOff"), restarts=3), "CrashLoopBackOff"),
     (dict(phase="Pending", started=False, scheduled="False"), "Unschedulable"),
     (_waiting("ImagePullBackOff"), "ImagePullBackOff"),
     (_waiting("CreateContainerConfigError"), "CreateContainerConfigError"),
-], ids=["unready", "restarted", "crash-loop", "unschedulable", "image", "config"])
+], ids=["unready", "restarted", "restarted-started", "restarted-long-ago", "crash-loop", "unschedulable", "image",
+        "config"])
 def test_a_pod_that_is_not_starting_and_not_ready_degrades_the_fleet_even_while_others_start(broken, why):
     d = _desired(replicas=3)
     pods = [_pod_in(0, d, ready=True), _pod_in(1, d, **_waiting("ContainerCreating")), _pod_in(2, d, **broken)]
