@@ -89,6 +89,17 @@ NODE_LEASE_SECONDS = 600
 FAVOURED_NICE = -10  # about 9x the CPU weight of a group at nice 0
 
 
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of the process's scheduling autogroup, or None when the kernel does not
+    schedule it by autogroup (the file reads empty when the task sits in a non-root CPU cgroup,
+    as in many containers)."""
+    try:
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()  # "/autogroup-N nice K"
+    except OSError:
+        return None
+    return int(fields[-1]) if fields else None
+
+
 class LocalCluster:
     def __init__(self, workdir: Path, nodes: list[NodeSpec] | None = None,
                  bin_dir: Path | None = None, network: Network | None = None, profiling: bool = False,
@@ -190,6 +201,10 @@ class LocalCluster:
             Path(f"/proc/{pid}/autogroup").write_text(str(FAVOURED_NICE))
         except OSError as e:
             self.favour_failures[name] = str(e)
+            return
+        if autogroup_nice(pid) != FAVOURED_NICE:
+            self.favour_failures[name] = ("not scheduled by an autogroup (a CPU cgroup of its own, "
+                                          "e.g. in a container): the nice value has no effect")
 
     def _bin(self, name: str) -> str:
         return str(self.bin_dir / name)

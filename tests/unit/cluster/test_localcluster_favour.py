@@ -6,18 +6,14 @@ scheduling autogroup each) and the kernel's own view of their groups is read bac
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from tests.cluster.localcluster import FAVOURED_NICE, LocalCluster
+from tests.cluster.localcluster import FAVOURED_NICE, LocalCluster, autogroup_nice
 
 
-def autogroup_nice(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])  # "/autogroup-N nice K"
-
-
-@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="kernel without scheduler autogroups")
+@pytest.mark.skipif(autogroup_nice(os.getpid()) is None,
+                    reason="this process is not scheduled by an autogroup (no autogroups, or a CPU cgroup)")
 def test_favoured_component_gets_its_own_heavier_group(tmp_path):
     c = LocalCluster(tmp_path / "cluster", favoured=("favoured",), bin_dir=tmp_path)
     c.logdir.mkdir(parents=True)
@@ -33,3 +29,14 @@ def test_favoured_component_gets_its_own_heavier_group(tmp_path):
         assert autogroup_nice(os.getpid()) == own  # the caller's own group is untouched
     finally:
         c.stop()
+
+
+def test_favour_without_autogroup_scheduling_is_reported_not_assumed(tmp_path, monkeypatch):
+    """In a container with a CPU cgroup of its own the autogroup file reads empty and a written nice
+    value changes nothing: the run must say it went unfavoured."""
+    import tests.cluster.localcluster as lc
+    c = LocalCluster(tmp_path / "cluster", favoured=("favoured",), bin_dir=tmp_path)
+    monkeypatch.setattr(lc, "autogroup_nice", lambda pid: None)
+    monkeypatch.setattr(lc.Path, "write_text", lambda self, text: len(text))
+    c._favour("favoured", os.getpid())
+    assert "not scheduled by an autogroup" in c.favour_failures["favoured"]
