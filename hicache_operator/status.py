@@ -74,10 +74,11 @@ STILL_CREATING = {"ContainerCreating", "PodInitializing"}  # waiting reasons tha
 
 def unavailable_reason(pod: dict) -> str | None:
     """Why a pod that is not Ready counts against the fleet, or None while it is starting for
-    the first time: pending, startup probe not passed yet (the kubelet's ``started``), not yet
-    admitted to serving, or started and not ready once since. Loading a model takes minutes, and
-    that is progress, not a degraded fleet; a pod that cannot start, crashed, cannot be
-    scheduled or was ready and failed is a problem."""
+    the first time (pending, startup probe not passed yet: the kubelet's ``started``, not yet
+    admitted to serving, or started and not ready once since) or being readmitted (containers
+    ready, gate True, Ready not yet recomputed: the end of every swap). Loading a model takes
+    minutes, and that is progress, not a degraded fleet; a pod that cannot start, crashed, cannot
+    be scheduled, was ready and failed, or is held out of serving is a problem."""
     status = pod.get("status") or {}
     containers = status.get("containerStatuses") or []
     for cs in containers:
@@ -93,8 +94,13 @@ def unavailable_reason(pod: dict) -> str | None:
         return "Unschedulable"
     if status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers):
         return None
-    if _pod_condition(pod, labels.SERVING_CONDITION) is None:
+    gate = _pod_condition(pod, labels.SERVING_CONDITION)
+    if gate is None:
         return None  # not admitted to serving yet: the operator sets the gate on first sight
+    if _pod_condition(pod, "ContainersReady") == "True":
+        # its containers are ready and Ready waits on the serving gate: just readmitted (the
+        # kubelet has yet to recompute Ready), or held out of serving
+        return None if gate == "True" else "held out of serving (hicache.dev/serving False)"
     return None if _unready_since_start(pod, containers) else "not ready"
 
 

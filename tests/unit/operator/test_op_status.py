@@ -134,6 +134,23 @@ def test_pods_loading_their_model_are_progress_not_degradation():
     assert c["Degraded"]["status"] == "False" and c["Ready"]["status"] == "False"
 
 
+def test_a_pod_readmitted_after_a_swap_whose_ready_is_not_yet_recomputed_is_not_degradation():
+    """The last pod of a swap: gate True and storage annotations written together, containers
+    ready, Ready still False until the kubelet recomputes it. Seen as a ReplicasUnavailable Warning
+    at the end of live swaps in the e2e test."""
+    d = _desired(replicas=2)
+    readmitted = _pod_in(1, d, unready_since="2025-01-01T10:07:00Z")
+    next(c for c in readmitted["status"]["conditions"] if c["type"] == "ContainersReady")["status"] = "True"
+    c = conds(build_status(generation=1, previous=None, desired=d, errors=[], pods=[_pod_in(0, d, ready=True),
+                                                                                   readmitted], degraded=[], now="t"))
+    assert c["Degraded"]["status"] == "False", c["Degraded"]
+    assert (c["Progressing"]["reason"], c["Ready"]["status"]) == ("PodsStarting", "False")
+    next(c for c in readmitted["status"]["conditions"] if c["type"] == labels.SERVING_CONDITION)["status"] = "False"
+    c = conds(build_status(generation=1, previous=None, desired=d, errors=[], pods=[_pod_in(0, d, ready=True),
+                                                                                   readmitted], degraded=[], now="t"))
+    assert c["Degraded"]["message"] == "1 of 2 pod(s) ready; demo-1: held out of serving (hicache.dev/serving False)"
+
+
 def _waiting(reason):
     return dict(phase="Pending", started=False, state={"waiting": {"reason": reason}})
 
