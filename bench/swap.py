@@ -165,6 +165,18 @@ def operator_steps(log: Path, offset: int, ns: str) -> list[tuple[float, str]]:
     return steps
 
 
+def operator_service_touches(log: Path, offset: int, ns: str) -> list[tuple[float, str]]:
+    """The operator's touches of the client Service (``hicache_operator.endpoint_lag``): (log
+    time, the pods whose flips the EndpointSlice sat on)."""
+    touches = []
+    for line in log.read_text(errors="replace")[offset:].splitlines():
+        m = re.match(rf"\[([\d-]+ [\d:]+),(\d+)\].*{re.escape(ns)}/\S+: EndpointSlice of Service \S+ still shows (.*?) as ", line)
+        if m:
+            at = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+            touches.append((at, m.group(3)))
+    return touches
+
+
 def fleet_memory() -> dict:
     """Real memory of the runtime processes (and the podrunner's zygote they are forked from):
     summed PSS (pages shared between processes split among them) next to summed RSS (which
@@ -234,10 +246,12 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
     per_pod_mean = statistics.mean(per_pod) if per_pod else float("nan")
     steps = math.ceil(pods / max_unavailable)
     lags = sorted(timeline.endpoint_lags())
+    touches = operator_service_touches(op.log, log_offset, ns)
     if timeline_dir is not None:
         timeline_dir.mkdir(parents=True, exist_ok=True)
         lines = [(t, f"{pod} {what}") for t, pod, what in timeline.events]
         lines += [(t, f"operator step {text}") for t, text in operator_steps(op.log, log_offset, ns)]
+        lines += [(t, f"operator touched the Service for {names}") for t, names in touches]
         (timeline_dir / f"{ns}.txt").write_text("".join(f"{t - t0:9.3f} {text}\n" for t, text in sorted(lines)))
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
     return {"pods": pods, "max_unavailable": max_unavailable, "started_at_unix": round(t0, 3), "wall_s": round(wall, 2),
@@ -250,6 +264,7 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
                                "max": round(lags[-1], 3)} if lags else None,
             "endpointslice_stale_retries": stale_retries(cluster.logdir / "kube-controller-manager.log", f"{ns}/{name}",
                                                          t0, t0 + wall_status),
+            "operator_service_touches": sum(t0 <= t <= t0 + wall_status for t, _ in touches),
             "pods_swapped": len(spans), "steps": steps,
             "ratio": round(wall / (steps * per_pod_mean), 3) if per_pod else None,
             "requests": len(report.outcomes), "failed_requests": len(report.failures),

@@ -40,7 +40,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator import labels, metrics, render, swap
+from hicache_operator import endpoint_lag, labels, metrics, render, swap
 from hicache_operator.bodycache import BodyCache
 from hicache_operator.kube import ChildRefused, Kube, load_config
 from hicache_operator.nodecache import NodeCache
@@ -54,6 +54,7 @@ INTERVAL = float(os.environ.get(INTERVAL_ENV, "30"))
 SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "1"))
 WORKERS_ENV = "HICACHE_WORKERS"
 WORKERS = int(os.environ.get(WORKERS_ENV, "16"))
+LAG_CHECK_SECONDS = 0.1  # see Controller.check_endpoint_lag
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 
 log = logging.getLogger("hicache_operator")
@@ -77,6 +78,8 @@ class Controller:
         self.pod_identities: dict[tuple[Key, str], tuple] = {}  # (deployment, pod) -> pod_identity
         self.slice_readiness: dict[tuple[str, str], dict[str, bool]] = {}  # (namespace, client slice) -> IP -> ready
         self.acked_gates: dict[Key, dict[str, tuple[str, bool]]] = {}  # see note_gates
+        self.lag_watches: dict[Key, endpoint_lag.LagWatch] = {}  # see check_endpoint_lag
+        self.lag_dirty: set[Key] = set()  # deployments with a pod or slice event since the last check
         self.stop = threading.Event()
         self._started = False
         self._start_guard = threading.Lock()
@@ -90,7 +93,7 @@ class Controller:
             self._started = True
             self.pod_index = pod_index
             self.slice_index = slice_index
-            loops = [self._worker] * WORKERS + [self._resync_loop, self._swap_poll_loop]
+            loops = [self._worker] * WORKERS + [self._resync_loop, self._swap_poll_loop, self._endpoint_lag_loop]
             for i, target in enumerate(loops):
                 threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True,
                                  name=f"hicache-{target.__name__.strip('_')}-{i}").start()
@@ -111,6 +114,7 @@ class Controller:
                 self.pod_identities.pop((key, pod), None)
             else:
                 self.pod_identities[(key, pod)] = identity
+        self.lag_dirty.add(key)
         swapping = key in self.swapping
         if changed or not swapping:
             self.enqueue(key, Request("pod", urgent=swapping))
@@ -126,6 +130,7 @@ class Controller:
         that follow may come first."""
         if service != render.names(key[1])["service"]:
             return
+        self.lag_dirty.add(key)
         with self._known_guard:
             slot = (key[0], slice_name)
             before = self.slice_readiness.get(slot) or {}
@@ -257,6 +262,34 @@ class Controller:
         while not self.stop.wait(SWAP_POLL / 4):
             self.swap_poll()
 
+    def _endpoint_lag_loop(self) -> None:
+        while not self.stop.wait(LAG_CHECK_SECONDS):
+            self.check_endpoint_lag(time.monotonic())
+
+    def check_endpoint_lag(self, now_: float) -> None:
+        """Touch the client Service of a deployment in a swap whose EndpointSlice sits on a pod's
+        readiness flip (``endpoint_lag``). Only deployments with an event since the last check or
+        a flip still unpublished are looked at: a fleet-wide swap must not cost a core."""
+        if self.pod_index is None or self.slice_index is None:
+            return
+        active = set(self.swapping) | set(self.stepping)
+        for gone in [k for k in self.lag_watches if k not in active]:
+            del self.lag_watches[gone]
+        dirty, self.lag_dirty = self.lag_dirty, set()
+        for key in active:
+            watch = self.lag_watches.setdefault(key, endpoint_lag.LagWatch())
+            if key not in dirty and not watch.since:
+                continue
+            service = render.names(key[1])["service"]
+            pods = list(self.pod_index.get(key, []))
+            overdue = watch.observe(now_, endpoint_lag.unpublished(pods, self.endpoints(key[0], service)))
+            if overdue:
+                metrics.ENDPOINT_RESYNCS.inc()
+                log.info("%s/%s: EndpointSlice of Service %s still shows %s as %s; touching the Service so "
+                         "the EndpointSlice controller syncs it again", key[0], key[1], service, ", ".join(overdue),
+                         "/".join(sorted({"not ready" if watch.since[p][0] else "ready" for p in overdue})))
+                _touch_service(key[0], service)
+
     def swap_poll(self) -> None:
         for key in list(self.swapping):
             if self.queue.quiet_for(key) >= SWAP_POLL:
@@ -304,10 +337,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = NoDiffBase()
     # The handlers' label filters are applied by kopf after it has received and decoded each
     # event; these make the API server send only our pods and EndpointSlices, not every pod of
-    # the cluster.
+    # the cluster. Of the EndpointSlices, only the client Services' (which carry their Service's
+    # labels): the headless Services' change with every pod and nothing reads them.
     ours = f"{labels.MANAGED_BY}={labels.MANAGER}"
     settings.watching.label_selectors["pods"] = ours
-    settings.watching.label_selectors[("discovery.k8s.io", "endpointslices")] = ours
+    settings.watching.label_selectors[("discovery.k8s.io", "endpointslices")] = \
+        f"{ours},{labels.COMPONENT}={render.CLIENT_SERVICE_COMPONENT}"
     settings.posting.level = logging.WARNING  # kopf's own chatter stays in the log; our Events are explicit
     settings.posting.reporting_component = labels.MANAGER
     settings.posting.event_name_prefix = "hicache-"
@@ -436,6 +471,13 @@ def _write_status(ctl: Controller, key: Key, status: dict) -> bool:
         ctl.bodies.deleted(key)  # deleted meanwhile: its DELETED event untracks it
         return False
     return True
+
+
+def _touch_service(namespace: str, service: str) -> None:
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+    touching = _kube().submit(lambda: _kube().touch_service(namespace, service, stamp))
+    touching.add_done_callback(lambda done: done.exception() is None or log.warning(
+        "touching Service %s/%s failed: %s", namespace, service, done.exception()))
 
 
 def _report_refused(ctl: Controller, key: Key, raw: dict, refused: ChildRefused) -> None:

@@ -217,6 +217,19 @@ class Kube:
             if exc.status != 404:
                 raise
 
+    def touch_service(self, namespace: str, name: str, stamp: str) -> None:
+        """Set the Service's ``labels.ENDPOINTS_RESYNC`` annotation (its own field manager: the
+        children's apply leaves it alone). An update of the Service is what makes the EndpointSlice
+        controller sync it at once (see ``endpoint_lag``); gone meanwhile is fine."""
+        body = {"metadata": {"annotations": {labels.ENDPOINTS_RESYNC: stamp}}}
+        try:
+            with API_SECONDS.labels("patch", "Service/endpoints-resync").time():
+                self.core.patch_namespaced_service(name, namespace, body, field_manager=f"{FIELD_MANAGER}-endpoints",
+                                                   _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return plain_json(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)

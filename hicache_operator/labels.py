@@ -20,7 +20,10 @@ RENDERED_HASH = f"{PREFIX}/rendered-hash"  # on every child: hash of the rendere
 
 # Pod readiness gate the operator drives; the rollout holds it False while a pod is swapped.
 SERVING_CONDITION = f"{PREFIX}/serving"
-# Pod annotation that holds the gate False (value: why); survives operator restarts.
+
+# Client Service annotation: touched (a timestamp) to have the EndpointSlice controller sync the
+# Service again when it sits on a readiness flip (see ``endpoint_lag``).
+ENDPOINTS_RESYNC = f"{PREFIX}/endpoints-resync"
 
 
 def selector_labels(name: str) -> dict[str, str]:

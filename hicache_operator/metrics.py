@@ -30,3 +30,6 @@ API_POOL_WAIT_SECONDS = Histogram("hicache_operator_api_pool_wait_seconds",
                                   "Time a concurrent API call (a new deployment's children, a status write "
                                   "beside the StatefulSet) waited for a free thread of the operator's pool.",
                                   buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+ENDPOINT_RESYNCS = Counter("hicache_operator_endpoint_resyncs_total",
+                           "Client Services touched because their EndpointSlice sat on a pod's readiness flip "
+                           "during a swap (the EndpointSlice controller's backoff after a stale-cache refusal).")

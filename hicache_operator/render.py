@@ -28,6 +28,7 @@ ADMIN_SECRET_KEY = "admin-api-key"
 CONTAINER = "runtime"
 RUN_AS = 1000
 # Volumes every pod gets (name -> mount path); extraVolumes and extraVolumeMounts must not clash.
+CLIENT_SERVICE_COMPONENT = "service"  # the client Service's component label (the operator watches its slices)
 OPERATOR_VOLUMES = {"storage-config": flags.STORAGE_CONFIG_DIR, "tmp": "/tmp", "dshm": "/dev/shm"}
 
 
@@ -258,7 +259,7 @@ def statefulset(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owne
 def service(owner: Owner) -> dict[str, Any]:
     return _stamp({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _meta(owner, names(owner.name)["service"], "service"),
+        "metadata": _meta(owner, names(owner.name)["service"], CLIENT_SERVICE_COMPONENT),
         "spec": {"type": "ClusterIP", "selector": labels.selector_labels(owner.name),
                  "ports": [{"name": "http", "port": flags.RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]},
     })

@@ -1,0 +1,66 @@
+"""Readiness flips the EndpointSlice controller has not published, and when to ask it again.
+
+Why: kube-controller-manager's EndpointSlice controller refuses to sync a Service while its own
+last write to that Service's slices is not yet back in its informer cache ("EndpointSlice informer
+cache is out of date"), and syncs it again only on the next change of one of its pods or of the
+Service itself, or after a backoff of 1 s that doubles while refusals repeat. A rolling swap flips
+readiness in bursts, so refusals are common (about 20 in a 64-pod swap at maxUnavailable 8), and
+the last flip of a burst has no change behind it: that pod stays published as serving while it
+drains, or as not serving after its readmission, for the whole backoff, and the swap waits with it.
+
+An update of the Service queues it at once. So while a swap is in flight, when a pod's Ready
+condition has disagreed with its endpoint for longer than ``AFTER``, the operator touches the
+Service (an annotation, ``labels.ENDPOINTS_RESYNC``). If the controller is merely slow, that
+costs one cheap extra sync; the interval between touches doubles while disagreements persist, so a
+controller that is down is not hammered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+AFTER = 0.3  # seconds; under load most flips reach the slice within 0.1-0.35 s, a refusal costs >= 1 s
+FIRST_INTERVAL = 0.3
+MAX_INTERVAL = 8.0
+
+
+def unpublished(pods: list[dict], endpoints: dict[str, bool]) -> dict[str, bool]:
+    """Pod name -> the readiness its endpoint should show and does not (``endpoints``: pod IP ->
+    ready, as the slices show it; a pod without an endpoint shows not ready). Pods being deleted
+    or without an IP are the controller's own business."""
+    out: dict[str, bool] = {}
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        ip = status.get("podIP")
+        if meta.get("deletionTimestamp") or not ip or not meta.get("name"):
+            continue
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        if bool(endpoints.get(ip)) != ready:
+            out[meta["name"]] = ready
+    return out
+
+
+@dataclass
+class LagWatch:
+    """One Service's unpublished flips over time (``since``: pod -> (readiness wanted, first seen))
+    and when it was last touched."""
+
+    since: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    last_touch: float | None = None
+    interval: float = FIRST_INTERVAL
+
+    def observe(self, now: float, current: dict[str, bool]) -> list[str]:
+        """Record what is unpublished now; the pods overdue when the Service should be touched
+        now (empty otherwise). A flip that changes direction starts its clock again."""
+        self.since = {pod: (want, self.since[pod][1] if pod in self.since and self.since[pod][0] == want else now)
+                      for pod, want in current.items()}
+        overdue = sorted(pod for pod, (_, first) in self.since.items() if now - first >= AFTER)
+        if not overdue:
+            self.interval = FIRST_INTERVAL
+            return []
+        if self.last_touch is not None and now - self.last_touch < self.interval:
+            return []
+        if self.last_touch is not None:
+            self.interval = min(MAX_INTERVAL, self.interval * 2)
+        self.last_touch = now
+        return overdue
