@@ -5,7 +5,9 @@ control plane, runs a gateway-style load client (routes only to ready endpoints,
 nothing), swaps the L3 backend none -> file, and measures in the same run:
   - wall time of the swap (patch -> every pod on the target and serving),
   - per-pod time: the mean duration of one pod's swap procedure as the issue defines it, from
-    taking it out of serving (gate False) until its endpoint is ready again,
+    taking it out of serving (the operator sends its gate-False patch) until its endpoint is
+    ready again (also reported from the gate seen False by this process's watch, which leaves
+    the patch's own time on the API server out of the pod's procedure: ``ratio_from_gate_seen``),
   - ratio = wall / (steps x per-pod time), steps = ceil(pods / maxUnavailable): with the mean,
     steps x per-pod time is the wall a rollout would take if it kept maxUnavailable pods in
     their procedures at every moment, so 1.0 means it adds nothing between and around them,
@@ -165,6 +167,16 @@ def operator_steps(log: Path, offset: int, ns: str) -> list[tuple[float, str]]:
     return steps
 
 
+def take_outs(steps: list[tuple[float, str]]) -> dict[str, float]:
+    """Pod -> when the operator sent its first take-out (gate False) patch, from its step lines
+    (``SetServingGate:POD:False@OFFSET``, the offset from the step's start)."""
+    out: dict[str, float] = {}
+    for at, text in sorted(steps):
+        for pod, offset in re.findall(r"SetServingGate:([^:,\s]+):False@([0-9.]+)", text):
+            out.setdefault(pod, at + float(offset))
+    return out
+
+
 def operator_service_touches(log: Path, offset: int, ns: str) -> list[tuple[float, str]]:
     """The operator's touches of the client Service (``hicache_operator.endpoint_lag``): (log
     time, the pods whose flips the EndpointSlice sat on)."""
@@ -242,15 +254,24 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
     # The swap is over when the last pod's endpoint is ready again (the completion poll above
     # lags by up to its interval plus an API call).
     wall = max(end for _, end in spans.values()) - t0 if len(spans) == pods else float("nan")
-    per_pod = [end - start for start, end in spans.values()]
-    per_pod_mean = statistics.mean(per_pod) if per_pod else float("nan")
+    step_lines = operator_steps(op.log, log_offset, ns)
+    sent = take_outs(step_lines)
+    # A pod's procedure starts when the operator takes it out (sends its gate patch), the
+    # procedure's first act: the patch's own time on the API server is that pod's, not the
+    # rollout's. From the gate seen False by this process's watch as well, as before.
+    per_pod = [end - sent[pod] for pod, (_, end) in spans.items() if pod in sent]
+    per_pod_gate_seen = [end - start for start, end in spans.values()]
+    per_pod_mean = statistics.mean(per_pod) if len(per_pod) == len(spans) and per_pod else float("nan")
+    per_pod_gate_seen_mean = statistics.mean(per_pod_gate_seen) if per_pod_gate_seen else float("nan")
+    take_out_lag = sorted(start - sent[pod] for pod, (start, _) in spans.items() if pod in sent)
     steps = math.ceil(pods / max_unavailable)
     lags = sorted(timeline.endpoint_lags())
     touches = operator_service_touches(op.log, log_offset, ns)
     if timeline_dir is not None:
         timeline_dir.mkdir(parents=True, exist_ok=True)
         lines = [(t, f"{pod} {what}") for t, pod, what in timeline.events]
-        lines += [(t, f"operator step {text}") for t, text in operator_steps(op.log, log_offset, ns)]
+        lines += [(t, f"operator step {text}") for t, text in step_lines]
+        lines += [(t, f"{pod} take-out sent") for pod, t in sent.items()]
         lines += [(t, f"operator touched the Service for {names}") for t, names in touches]
         (timeline_dir / f"{ns}.txt").write_text("".join(f"{t - t0:9.3f} {text}\n" for t, text in sorted(lines)))
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
@@ -259,6 +280,9 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
             "per_pod_procedure_s_mean": round(per_pod_mean, 3),
             "per_pod_procedure_s_median": round(statistics.median(per_pod), 3) if per_pod else None,
             "per_pod_procedure_s_max": round(max(per_pod), 2) if per_pod else None,
+            "per_pod_from_gate_seen_s_mean": round(per_pod_gate_seen_mean, 3),
+            "take_out_patch_to_gate_seen_s": {"p50": round(statistics.median(take_out_lag), 3),
+                                              "max": round(take_out_lag[-1], 3)} if take_out_lag else None,
             "per_pod_not_ready_s_median": round(statistics.median(not_ready), 2) if not_ready else None,
             "endpoint_lag_s": {"p50": round(statistics.median(lags), 3), "p90": round(lags[int(0.9 * (len(lags) - 1))], 3),
                                "max": round(lags[-1], 3)} if lags else None,
@@ -267,6 +291,7 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
             "operator_service_touches": sum(t0 <= t <= t0 + wall_status for t, _ in touches),
             "pods_swapped": len(spans), "steps": steps,
             "ratio": round(wall / (steps * per_pod_mean), 3) if per_pod else None,
+            "ratio_from_gate_seen": round(wall / (steps * per_pod_gate_seen_mean), 3) if per_pod_gate_seen else None,
             "requests": len(report.outcomes), "failed_requests": len(report.failures),
             "failures": [f"t={o.at - t0:.3f}s {timeline.ip_pod.get(o.endpoint, o.endpoint)}: {o.status} {o.error}"
                          for o in report.failures[:10]], "memory": memory}

@@ -305,11 +305,13 @@ def _set_gate_counted(*args: Any) -> None:
 
 async def _execute(http: httpx.AsyncClient, core: client.CoreV1Api, namespace: str, actions: list,
                    ips: dict[str, str], key: str | None, target_hash: str, target_backend: str, target_fp: str,
-                   now: str) -> list[ActionOutcome]:
+                   now: str, sent: dict[tuple[str, bool], float]) -> list[ActionOutcome]:
+    """Run one pass's actions at once; ``sent``: (pod, serving) -> when its gate patch went out (wall clock)."""
     async def one(action) -> ActionOutcome:
         kind = type(action).__name__
         try:
             if isinstance(action, SetServingGate):
+                sent[(action.pod, action.serving)] = time.time()
                 await asyncio.get_running_loop().run_in_executor(
                     _GATE_PATCHES, _set_gate, core, namespace, action, target_hash, target_backend, target_fp, now)
             else:
@@ -358,6 +360,7 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     timings: dict[str, float] = {}
     settling: list[tuple[SetServingGate, Future]] = []
     renewals: list[Future] = []
+    sent: dict[tuple[str, bool], float] = {}  # (pod, serving) -> when its gate patch went out, for the log
 
     async def observe_plan_act() -> StepRun:
         async with shared_client() as http:
@@ -375,10 +378,11 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
                 if actions and all(isinstance(a, SetServingGate) for a in actions):
                     # no runtime call: the last pass (``run_step`` follows only runtime calls).
                     # Its gate patches go out while the status is written (``settle``).
-                    settling.extend((a, _GATE_PATCHES.submit(_set_gate_counted, core, ns, a, *gate_args))
-                                    for a in actions)
+                    for a in actions:
+                        sent[(a.pod, a.serving)] = time.time()
+                        settling.append((a, _GATE_PATCHES.submit(_set_gate_counted, core, ns, a, *gate_args)))
                     return [ActionOutcome(a) for a in actions]
-                return await _execute(http, core, ns, actions, ips, key, *gate_args)
+                return await _execute(http, core, ns, actions, ips, key, *gate_args, sent)
 
             async def reobserve(names: list[str]) -> list[PodObservation]:
                 named = [n for n in names if ips.get(n)]
@@ -408,7 +412,9 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
     log.info("swap step %s/%s at=%.3f (%s) observe=%.3f plan+act=%.3f passes=%d renewing=%d actions=%s",
              ns, name, wall0, why, timings["observe"] - t0, timings["act"] - timings["observe"], run.passes,
              timings.get("renewing", 0),
-             ",".join(f"{type(a).__name__}:{a.pod}{':' + str(a.serving) if isinstance(a, SetServingGate) else ''}"
+             ",".join(f"{type(a).__name__}:{a.pod}" + (f":{a.serving}@{sent[a.pod, a.serving] - wall0:.3f}"
+                                                        if isinstance(a, SetServingGate) and (a.pod, a.serving) in sent
+                                                        else "")
                       for a in run.actions) or "-")
     # After acting, look again at once unless a watch event will bring the next step (a failed
     # call, a gate patch that changes no endpoint). Otherwise when the planner says.

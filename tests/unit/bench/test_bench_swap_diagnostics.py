@@ -41,3 +41,20 @@ def test_endpoint_lags_pair_each_ready_flip_with_the_slice_showing_it():
                  (4.0, "b", "ready=True"), (4.1, "b", "ready=False"), (4.2, "b", "endpoint=False")]
     # b flipped back before its slice showed True: only the flip the slice showed counts, from its own time
     assert [round(x, 3) for x in swap.Timeline.endpoint_lags(tl)] == [0.2, 0.05, 1.0, 0.1]
+
+
+def test_take_outs_reads_each_pods_first_take_out_from_the_operators_step_lines(tmp_path):
+    log = tmp_path / "operator.log"
+    log.write_text("\n".join([
+        "[2026-11-22 11:17:26,007] hicache_operator.swap [INFO    ] swap step other/fleet at=99.000 (spec waited=0.000) "
+        "observe=0.004 plan+act=0.026 passes=1 renewing=0 actions=SetServingGate:fleet-0:False@0.001",
+        "[2026-11-22 11:17:26,007] hicache_operator.swap [INFO    ] swap step ns/fleet at=100.000 (spec waited=0.000) "
+        "observe=0.004 plan+act=0.026 passes=1 renewing=10 actions=SetServingGate:fleet-0:False@0.005,"
+        "SetServingGate:fleet-1:False@0.006",
+        "[2026-11-22 11:17:27,124] hicache_operator.swap [INFO    ] swap step ns/fleet at=101.000 (endpointslice "
+        "waited=0.174) observe=0.163 plan+act=0.452 passes=3 renewing=0 actions=Attach:fleet-0,"
+        "SetServingGate:fleet-0:True@0.300,SetServingGate:fleet-2:False@0.412,SetServingGate:fleet-1:False@0.500",
+    ]))
+    sent = swap.take_outs(swap.operator_steps(log, 0, "ns"))
+    assert {pod: round(t, 3) for pod, t in sent.items()} == {"fleet-0": 100.005, "fleet-1": 100.006,
+                                                            "fleet-2": 101.412}
