@@ -283,3 +283,56 @@ def test_no_slot_is_handed_over_while_the_readmission_has_not_finished():
     run, executed = _mid_rollout(ready_cache_0=False)
     assert [x.pod for x in executed] == ["cache-1"]  # the call, after ten looks at the watch
     assert set(run.state.pods) == {"cache-0", "cache-1"}
+
+
+class _RequestsEndDuringCalls(Fleet):
+    """The runtimes' requests finish while the step's calls to another pod are in flight."""
+
+    def __init__(self, *args, finishing: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.finishing = finishing
+
+    def _runtime_call(self, pod, call, payload) -> None:
+        super()._runtime_call(pod, call, payload)
+        self.pods[self.finishing].in_flight = 0
+
+
+def _two_out(fleet: Fleet) -> tuple:
+    """Both pods taken out under maxUnavailable 2 (records persisted), endpoints not ready;
+    cache-0 idle, cache-1 still running requests routed to it before."""
+    fleet.set_target("mooncake")
+    fleet.tick()
+    fleet.step()
+    a, b = fleet.pods["cache-0"], fleet.pods["cache-1"]
+    assert a.gate is False and b.gate is False
+    assert set(fleet.persisted["pods"]) == {"cache-0", "cache-1"}
+    for _ in range(3):  # the world moves, the operator does not
+        fleet.tick()
+    for pod in (a, b):
+        pod.endpoint_ready, pod.lag, pod.queued = False, 0, 0
+    a.in_flight, b.in_flight = 0, 2
+    return a, b
+
+
+def test_a_drain_that_ends_while_other_calls_run_is_swapped_in_the_same_step():
+    fleet = _RequestsEndDuringCalls(2, "file", max_unavailable=2, follow_through=True, seed=5, finishing="cache-1")
+    a, b = _two_out(fleet)
+
+    fleet.step()
+
+    assert ("Detach", "cache-0") in _calls(fleet.last_actions)
+    assert ("Detach", "cache-1") in _calls(fleet.last_actions)  # re-read after cache-0's call: idle now
+    plan = fleet.run_until_quiet()
+    fleet.check_quiet(plan)
+    assert plan.state.phase.value == "Complete"
+
+
+def test_a_drain_still_busy_after_the_calls_waits_for_the_next_step():
+    fleet = Fleet(2, "file", max_unavailable=2, follow_through=True, seed=5)
+    a, b = _two_out(fleet)
+
+    fleet.step()
+
+    assert ("Detach", "cache-0") in _calls(fleet.last_actions)
+    assert not [c for c in _calls(fleet.last_actions) if c[1] == "cache-1"]
+    assert fleet.persisted["pods"]["cache-1"]["step"] == "Draining"
