@@ -348,9 +348,14 @@ class PodWorker(threading.Thread):
         c = self.container()
         rp, lp, sp = c.get("readinessProbe"), c.get("livenessProbe"), c.get("startupProbe")
         backoff = 1.0
+        woken = False
         while not self.stop_event.is_set():
             self.wake.clear()
             code = self.proc.poll()
+            if woken and code is None:
+                # the pod object changed (a readiness gate): its Ready follows at once, before
+                # any probe that is due, as a kubelet's status manager does it
+                self._patch_status(self.ready, True)
             if code is not None:
                 self.ready = False
                 self._patch_status(False, False, last_exit=code)
@@ -362,7 +367,7 @@ class PodWorker(threading.Thread):
                 continue
             self._run_probes(rp, lp, sp)
             self._patch_status(self.ready, True)
-            self.wake.wait(TICK)
+            woken = self.wake.wait(TICK)
         self._cleanup()
 
     def _due(self, name: str, probe: dict, fast: bool) -> bool:
@@ -662,9 +667,11 @@ class Runner:
                     rv = lst.metadata.resource_version
                     for p in lst.items:
                         self.handle("ADDED", self.core.api_client.sanitize_for_serialization(p))
+                # deserialize=False: plain dicts; a V1Pod per event of every pod cost this
+                # process (the kubelet of every node) CPU it needs for status patches
                 for ev in watch.Watch().stream(self.core.list_pod_for_all_namespaces, resource_version=rv,
-                                               timeout_seconds=60, allow_watch_bookmarks=True):
-                    obj = ev["raw_object"]
+                                               timeout_seconds=60, allow_watch_bookmarks=True, deserialize=False):
+                    obj = ev["object"]
                     rv = obj["metadata"].get("resourceVersion", rv)
                     if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
                         self.handle(ev["type"], obj)
