@@ -213,7 +213,8 @@ def fleet_memory() -> dict:
             "pss_per_runtime_mib": round(pss / 1024 / max(count, 1)), "machine_used_mib": round(used / 1024)}
 
 
-def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timeline_dir: Path | None) -> dict:
+def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timeline_dir: Path | None,
+            request_tokens: int = 8) -> dict:
     ns, name = f"bench-{pods}-{max_unavailable}", "fleet"
     cluster.kubectl("create", "namespace", ns)
     cluster.kubectl_apply([{
@@ -226,7 +227,7 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
     wait_for(lambda: kget(cluster, "hcd", name, "-n", ns).get("status", {}).get("readyReplicas") == pods,
              timeout=900, interval=2, what=f"{pods} runtime pods ready")
     memory = fleet_memory()
-    gw = Gateway(cluster.api_client(), ns, name, concurrency=4).start()
+    gw = Gateway(cluster.api_client(), ns, name, concurrency=4, max_new_tokens=request_tokens).start()
     time.sleep(5)
     timeline = Timeline(cluster, ns, name).start(pods)
     log_offset = op.log.stat().st_size
@@ -275,6 +276,7 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
         lines += [(t, f"operator touched the Service for {names}") for t, names in touches]
         (timeline_dir / f"{ns}.txt").write_text("".join(f"{t - t0:9.3f} {text}\n" for t, text in sorted(lines)))
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    latencies = sorted(o.latency_s for o in report.outcomes)
     return {"pods": pods, "max_unavailable": max_unavailable, "started_at_unix": round(t0, 3), "wall_s": round(wall, 2),
             "wall_until_status_complete_s": round(wall_status, 2),
             "per_pod_procedure_s_mean": round(per_pod_mean, 3),
@@ -293,6 +295,9 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
             "ratio": round(wall / (steps * per_pod_mean), 3) if per_pod else None,
             "ratio_from_gate_seen": round(wall / (steps * per_pod_gate_seen_mean), 3) if per_pod_gate_seen else None,
             "requests": len(report.outcomes), "failed_requests": len(report.failures),
+            "request_tokens": request_tokens,
+            "request_latency_s": {"p50": round(statistics.median(latencies), 3),
+                                  "max": round(latencies[-1], 3)} if latencies else None,
             "failures": [f"t={o.at - t0:.3f}s {timeline.ip_pod.get(o.endpoint, o.endpoint)}: {o.status} {o.error}"
                          for o in report.failures[:10]], "memory": memory}
 
@@ -301,6 +306,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pods", default="16,64", help="fleet sizes, comma-separated")
     ap.add_argument("--max-unavailable", default="1,8", help="rollout.maxUnavailable values, comma-separated")
+    ap.add_argument("--request-tokens", type=int, default=8,
+                    help="max_new_tokens of each load request (longer requests: longer drains)")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--timeline", type=Path, metavar="DIR",
                     help="write each run's timeline (pod, endpoint and operator-step events) "
@@ -321,7 +328,7 @@ def main() -> None:
             op = OperatorProcess(cluster, Path(tmp), reconcile_interval=10).start()
             for n in sizes:
                 for mu in budgets:
-                    r = run_one(cluster, Path(tmp), op, n, mu, a.timeline)
+                    r = run_one(cluster, Path(tmp), op, n, mu, a.timeline, a.request_tokens)
                     print(json.dumps(r), flush=True)
                     results.append(r)
                     wait_for(lambda: not kget(cluster, "pods", "-A", "-l", "app.kubernetes.io/instance=fleet")["items"],

@@ -13,6 +13,14 @@ condition has disagreed with its endpoint for longer than ``AFTER``, the operato
 Service (an annotation, ``labels.ENDPOINTS_RESYNC``). If the controller is merely slow, that
 costs one cheap extra sync; the interval between touches doubles while disagreements persist, so a
 controller that is down is not hammered.
+
+Sooner when the controller has written the Service's slices without a flip (``LagWatch.written``):
+that write is the one whose absence from the controller's cache gets the flip's own sync refused.
+Once it is back in the operator's watch it is, give or take, back in the controller's cache too, so
+a touch ``SETTLE`` after it is not refused; a flip the controller simply had not reached yet is
+published within that time by its own sync. In swaps, flips come in bursts (a step readmits up to
+maxUnavailable pods at once) and the last of a burst was the one left waiting: ``AFTER`` after it,
+0.1-0.25 s more than this.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 AFTER = 0.3  # seconds; under load most flips reach the slice within 0.1-0.35 s, a refusal costs >= 1 s
+SETTLE = 0.1  # seconds after a write of the slices that left a flip out
 FIRST_INTERVAL = 0.3
 MAX_INTERVAL = 8.0
 
@@ -42,19 +51,28 @@ def unpublished(pods: list[dict], endpoints: dict[str, bool]) -> dict[str, bool]
 
 @dataclass
 class LagWatch:
-    """One Service's unpublished flips over time (``since``: pod -> (readiness wanted, first seen))
-    and when it was last touched."""
+    """One Service's unpublished flips over time (``since``: pod -> (readiness wanted, first
+    seen, when a write of the slices first left it out or None)) and when it was last touched."""
 
-    since: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    since: dict[str, tuple[bool, float, float | None]] = field(default_factory=dict)
     last_touch: float | None = None
     interval: float = FIRST_INTERVAL
+
+    def written(self, now: float, current: dict[str, bool]) -> None:
+        """The slices were just written (a watch event), and ``current`` is what is unpublished
+        after it: each of those flips was left out of that write."""
+        since = {}
+        for pod, want in current.items():
+            first, missed = self._clock(pod, want, now)
+            since[pod] = (want, first, now if missed is None else missed)
+        self.since = since
 
     def observe(self, now: float, current: dict[str, bool]) -> list[str]:
         """Record what is unpublished now; the pods overdue when the Service should be touched
         now (empty otherwise). A flip that changes direction starts its clock again."""
-        self.since = {pod: (want, self.since[pod][1] if pod in self.since and self.since[pod][0] == want else now)
-                      for pod, want in current.items()}
-        overdue = sorted(pod for pod, (_, first) in self.since.items() if now - first >= AFTER)
+        self.since = {pod: (want, *self._clock(pod, want, now)) for pod, want in current.items()}
+        overdue = sorted(pod for pod, (_, first, missed) in self.since.items()
+                         if now - first >= AFTER or missed is not None and now - missed >= SETTLE)
         if not overdue:
             self.interval = FIRST_INTERVAL
             return []
@@ -64,3 +82,8 @@ class LagWatch:
             self.interval = min(MAX_INTERVAL, self.interval * 2)
         self.last_touch = now
         return overdue
+
+    def _clock(self, pod: str, want: bool, now: float) -> tuple[float, float | None]:
+        """(first seen, left out of a write since) of the pod's flip, new if it changed direction."""
+        held = self.since.get(pod)
+        return (held[1], held[2]) if held is not None and held[0] == want else (now, None)

@@ -54,7 +54,7 @@ INTERVAL = float(os.environ.get(INTERVAL_ENV, "30"))
 SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "1"))
 WORKERS_ENV = "HICACHE_WORKERS"
 WORKERS = int(os.environ.get(WORKERS_ENV, "16"))
-LAG_CHECK_SECONDS = 0.1  # see Controller.check_endpoint_lag
+LAG_CHECK_SECONDS = 0.05  # see Controller.check_endpoint_lag
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 
 log = logging.getLogger("hicache_operator")
@@ -80,6 +80,7 @@ class Controller:
         self.acked_gates: dict[Key, dict[str, tuple[str, bool]]] = {}  # see note_gates
         self.lag_watches: dict[Key, endpoint_lag.LagWatch] = {}  # see check_endpoint_lag
         self.lag_dirty: set[Key] = set()  # deployments with a pod or slice event since the last check
+        self._lag_guard = threading.Lock()  # lag_watches: the check loop and the slice handler
         self.stop = threading.Event()
         self._started = False
         self._start_guard = threading.Lock()
@@ -131,6 +132,7 @@ class Controller:
         if service != render.names(key[1])["service"]:
             return
         self.lag_dirty.add(key)
+        self.slices_written(key, service, time.monotonic())
         with self._known_guard:
             slot = (key[0], slice_name)
             before = self.slice_readiness.get(slot) or {}
@@ -163,6 +165,20 @@ class Controller:
             noted = self.acked_gates.setdefault(key, {})
             for pod, uid, serving in gates:
                 noted[pod] = (uid, serving)
+
+    def still_out(self, key: Key, pod: dict) -> bool:
+        """Whether the watches show the pod (same uid and IP, not being deleted) out of serving,
+        its gate False (the operator's acknowledged patch counting where the watch is behind),
+        and its endpoint not ready."""
+        assert self.pod_index is not None
+        uid, ip, name = pod["metadata"]["uid"], pod["status"]["podIP"], pod["metadata"]["name"]
+        live = next((p for p in list(self.pod_index.get(key, [])) if p["metadata"].get("uid") == uid), None)
+        if live is None or live["metadata"].get("deletionTimestamp") or (live.get("status") or {}).get("podIP") != ip:
+            return False
+        with self._known_guard:
+            noted = (self.acked_gates.get(key) or {}).get(name)
+        gate = noted[1] if noted is not None and noted[0] == uid else swap.serving_gate(live)
+        return gate is False and self.endpoints(key[0], render.names(key[1])["service"]).get(ip) is not True
 
     def cached_pods(self, key: Key) -> list[dict]:
         """The deployment's pods as the watch last saw them (copies: a reconcile edits its own),
@@ -266,6 +282,15 @@ class Controller:
         while not self.stop.wait(LAG_CHECK_SECONDS):
             self.check_endpoint_lag(time.monotonic())
 
+    def slices_written(self, key: Key, service: str, now_: float) -> None:
+        """The client Service's slices were written: the flips still unpublished were left out
+        (``endpoint_lag.LagWatch.written``). Only while a swap is in flight, as for the checks."""
+        if self.pod_index is None or self.slice_index is None or not (key in self.swapping or key in self.stepping):
+            return
+        current = endpoint_lag.unpublished(list(self.pod_index.get(key, [])), self.endpoints(key[0], service))
+        with self._lag_guard:
+            self.lag_watches.setdefault(key, endpoint_lag.LagWatch()).written(now_, current)
+
     def check_endpoint_lag(self, now_: float) -> None:
         """Touch the client Service of a deployment in a swap whose EndpointSlice sits on a pod's
         readiness flip (``endpoint_lag``). Only deployments with an event since the last check or
@@ -273,21 +298,24 @@ class Controller:
         if self.pod_index is None or self.slice_index is None:
             return
         active = set(self.swapping) | set(self.stepping)
-        for gone in [k for k in self.lag_watches if k not in active]:
-            del self.lag_watches[gone]
         dirty, self.lag_dirty = self.lag_dirty, set()
+        with self._lag_guard:
+            for gone in [k for k in self.lag_watches if k not in active]:
+                del self.lag_watches[gone]
         for key in active:
-            watch = self.lag_watches.setdefault(key, endpoint_lag.LagWatch())
-            if key not in dirty and not watch.since:
-                continue
             service = render.names(key[1])["service"]
-            pods = list(self.pod_index.get(key, []))
-            overdue = watch.observe(now_, endpoint_lag.unpublished(pods, self.endpoints(key[0], service)))
+            with self._lag_guard:
+                watch = self.lag_watches.setdefault(key, endpoint_lag.LagWatch())
+                if key not in dirty and not watch.since:
+                    continue
+                pods = list(self.pod_index.get(key, []))
+                overdue = watch.observe(now_, endpoint_lag.unpublished(pods, self.endpoints(key[0], service)))
+                wanted = {"not ready" if watch.since[p][0] else "ready" for p in overdue}
             if overdue:
                 metrics.ENDPOINT_RESYNCS.inc()
                 log.info("%s/%s: EndpointSlice of Service %s still shows %s as %s; touching the Service so "
                          "the EndpointSlice controller syncs it again", key[0], key[1], service, ", ".join(overdue),
-                         "/".join(sorted({"not ready" if watch.since[p][0] else "ready" for p in overdue})))
+                         "/".join(sorted(wanted)))
                 _touch_service(key[0], service)
 
     def swap_poll(self) -> None:
@@ -441,6 +469,9 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
         if result.alongside is not None:
             log.info("swap step %s/%s persisted: status=%.3f gates=+%.3f", namespace, name,
                      t_written - t_acted, t_settled - t_written)
+        if result.alongside is not None and result.alongside.busy_drains:  # their records are persisted now
+            swap.watch_drains(key, result.alongside.busy_drains, still_out=lambda pod: ctl.still_out(key, pod),
+                              on_drained=lambda: ctl.enqueue(key, Request("drained", urgent=True)))
         if result.alongside is not None and result.alongside.renewing is not None:
             # planned on a read that no longer holds: look again once the renewal says so
             result.alongside.renewing.add_done_callback(

@@ -32,7 +32,7 @@ BACKOFF_MAX_SECONDS = 30.0
 class Request:
     """What a trigger asks of a reconcile."""
 
-    trigger: str  # metrics label and log text: spec, resume, resync, pod, endpointslice, swap, node, retry
+    trigger: str  # metrics label and log text: spec, resume, resync, pod, endpointslice, swap, drained, node, retry
     apply: bool = False  # render and apply the children (otherwise only refresh status and step a swap)
     urgent: bool = False
     queued_at: float | None = field(default=None, compare=False)  # set by the queue: how long it waited

@@ -24,16 +24,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, flags: list[str], log_path: Path, env: dict | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+    def __init__(self, flags: list[str], log_path: Path, env: dict | None = None, host: str = "127.0.0.1",
+                 port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         full_env = {**os.environ, "PYTHONPATH": str(REPO)}
         full_env.pop("HICACHE_ADMIN_API_KEY", None)
         full_env.update(env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cache_runtime", "serve", "--host", "127.0.0.1", "--port", str(self.port), *flags],
+            [sys.executable, "-m", "cache_runtime", "serve", "--host", host, "--port", str(self.port), *flags],
             cwd=REPO, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         self._wait_healthy()
@@ -72,9 +73,9 @@ class ServerProcess:
 def start_server(tmp_path_factory):
     started: list[ServerProcess] = []
 
-    def start(*flags: str, env: dict | None = None) -> ServerProcess:
+    def start(*flags: str, env: dict | None = None, host: str = "127.0.0.1", port: int | None = None) -> ServerProcess:
         log = tmp_path_factory.mktemp("server") / "server.log"
-        server = ServerProcess(list(flags), log, env)
+        server = ServerProcess(list(flags), log, env, host, port)
         started.append(server)
         return server
 

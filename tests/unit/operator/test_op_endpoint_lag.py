@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hicache_operator.endpoint_lag import AFTER, FIRST_INTERVAL, MAX_INTERVAL, LagWatch, unpublished
+from hicache_operator.endpoint_lag import AFTER, FIRST_INTERVAL, MAX_INTERVAL, SETTLE, LagWatch, unpublished
 
 
 def pod(name: str, ip: str | None, ready: bool, deleting: bool = False) -> dict:
@@ -66,3 +66,35 @@ def test_only_the_overdue_pods_are_named_and_others_wait_their_turn():
     assert w.observe(AFTER + FIRST_INTERVAL, {"old": True, "new": False}) == ["old"]  # "new" not yet overdue
     t = AFTER + FIRST_INTERVAL + 2 * FIRST_INTERVAL
     assert w.observe(t, {"new": False}) == ["new"]
+
+
+def test_a_flip_left_out_of_a_write_of_the_slices_is_overdue_settle_after_that_write():
+    assert SETTLE < AFTER  # the point of it
+    w = LagWatch()
+    w.observe(0.0, {"a": True, "b": True})
+    w.written(0.05, {"b": True})  # "a" published by this write, "b" left out of it
+    assert w.observe(0.05 + SETTLE * 0.9, {"b": True}) == []
+    assert w.observe(0.05 + SETTLE, {"b": True}) == ["b"]  # well before AFTER
+    assert 0.05 + SETTLE < AFTER
+
+
+def test_a_flip_the_next_write_publishes_within_the_settle_time_is_not_touched_for():
+    w = LagWatch()
+    w.observe(0.0, {"a": True})
+    w.written(0.02, {"a": True})  # a write computed before the controller saw the flip
+    assert w.observe(0.02 + SETTLE * 0.5, {"a": True}) == []
+    w.written(0.02 + SETTLE * 0.6, {})  # the flip's own sync
+    assert w.observe(0.02 + SETTLE * 1.5, {}) == []
+    assert w.last_touch is None
+
+
+def test_the_first_write_that_left_a_flip_out_counts_and_a_new_direction_forgets_it():
+    w = LagWatch()
+    w.written(0.0, {"a": True})  # seen first at a write
+    w.written(0.05, {"a": True})
+    assert w.observe(SETTLE, {"a": True}) == ["a"]  # from the first write, not the last
+    w = LagWatch()
+    w.written(0.0, {"a": True})
+    w.observe(0.05, {"a": False})  # changed direction before anyone touched: a new flip, no write missed it
+    assert w.observe(0.05 + SETTLE * 1.5, {"a": False}) == []
+    assert w.observe(0.05 + AFTER, {"a": False}) == ["a"]

@@ -53,3 +53,34 @@ def test_the_background_read_waits_for_a_step_to_have_used_the_deployments_key(m
     swap.read_drained(FLEET, [POD])
     assert len(submitted) == 1
     submitted[0][0].close()  # the read itself is not run here
+
+
+def test_the_pods_a_step_hands_to_the_drain_poll_are_its_busy_drains_out_of_serving():
+    from hicache_operator.rollout import PodObservation, Step, SwapState
+    from hicache_operator.rollout.actions import Plan
+    from hicache_operator.rollout.follow_through import StepRun
+
+    def record(step: Step, uid: str) -> dict:
+        return {"uid": uid, "step": step.value, "since": T0.isoformat(), "actedAt": T0.isoformat()}
+
+    def seen(name: str, *, gate=False, endpoint=False, in_flight=1, error=None, uid=None) -> PodObservation:
+        return PodObservation(name=name, uid=uid or f"u-{name}", serving_gate=gate, endpoint_ready=endpoint,
+                              backend=None if error else ReportedBackend(backend=None), in_flight=in_flight,
+                              queued=0, runtime_error=error, observed_at=T0 + timedelta(seconds=1))
+    cases = {
+        "busy": (Step.DRAINING, seen("busy")),
+        "no-endpoint": (Step.DRAINING, seen("no-endpoint", endpoint=None)),
+        "idle": (Step.DRAINING, seen("idle", in_flight=0)),
+        "still-routed": (Step.DRAINING, seen("still-routed", endpoint=True)),
+        "unreachable": (Step.DRAINING, seen("unreachable", in_flight=None, error="connection refused")),
+        "replaced": (Step.DRAINING, seen("replaced", uid="a-new-uid")),
+        "swapping": (Step.SWAPPING, seen("swapping")),
+        "readmitting": (Step.READMITTING, seen("readmitting", gate=True)),
+    }
+    state = SwapState.from_status({"phase": "InProgress", "target": "t", "targetBackend": "file",
+                                   "startedAt": T0.isoformat(),
+                                   "pods": {n: record(step, f"u-{n}") for n, (step, _) in cases.items()}})
+    run = StepRun(plan=Plan(state=state), state=state, observed={n: obs for n, (_, obs) in cases.items()})
+    pods = {n: {"metadata": {"name": n, "uid": f"u-{n}"}, "status": {"podIP": f"10.0.0.{i}"}}
+            for i, n in enumerate(cases)}
+    assert [p["metadata"]["name"] for p in swap._busy_drains(run, pods)] == ["busy", "no-endpoint"]
