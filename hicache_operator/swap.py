@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine
 
 import httpx
 from kubernetes import client
@@ -211,7 +211,7 @@ class _DrainPolls:
         with self._guard:
             self.polled.discard((fleet, uid))
 
-    def run(self, poll: Awaitable[None]) -> None:
+    def run(self, poll: Coroutine[Any, Any, None]) -> None:
         with self._guard:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
