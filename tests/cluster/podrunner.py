@@ -141,6 +141,9 @@ class PodWorker(threading.Thread):
         self.transitions: dict[str, tuple[bool, str]] = {"ContainersReady": (False, now()), "Ready": (False, now())}
         self.liveness_failures = 0
         self.readiness = {"ok": 0, "fail": 0}
+        # One client for the pod's probes, a new connection each (as a kubelet probes): building
+        # a client per probe (an SSL context each) cost twice the CPU of the probe itself
+        self.prober = httpx.Client(verify=False, limits=httpx.Limits(max_keepalive_connections=0))
 
     # -- setup -----------------------------------------------------------------------
     def container(self) -> dict:
@@ -288,7 +291,7 @@ class PodWorker(threading.Thread):
             port = next((p["containerPort"] for p in self.container().get("ports", []) if p.get("name") == port), None)
         url = f"{hg.get('scheme', 'HTTP').lower()}://{hg.get('host') or self.ip}:{port}{hg.get('path', '/')}"
         try:
-            r = httpx.get(url, timeout=probe.get("timeoutSeconds", 1), verify=False)
+            r = self.prober.get(url, timeout=probe.get("timeoutSeconds", 1))
             return 200 <= r.status_code < 400
         except httpx.HTTPError:
             return False
@@ -316,7 +319,10 @@ class PodWorker(threading.Thread):
                                    "ready": containers_ready, "started": started,
                                    "restartCount": self.restarts, "state": state}]}}
         try:
-            self.runner.core.patch_namespaced_pod_status(self.name, self.ns, body)
+            # the reply is read, not turned into a V1Pod: with every pod's status patched from
+            # this one process (a kubelet each on a real cluster), that decoding held the GIL the
+            # other pods' patches waited on
+            self.runner.core.patch_namespaced_pod_status(self.name, self.ns, body, _preload_content=False).drain_conn()
             self.last_status = key
         except ApiException as e:
             if e.status == 404:
@@ -424,6 +430,7 @@ class PodWorker(threading.Thread):
         if not self.pod["spec"].get("hostNetwork"):
             netns.del_address(self.ip)
             self.runner.pool.give(self.ip)
+        self.prober.close()
         try:  # the kubelet's last word: the pod object goes once its process is gone
             self.runner.core.delete_namespaced_pod(
                 self.name, self.ns, body=client.V1DeleteOptions(
