@@ -25,6 +25,7 @@ import torch
 from cache_runtime.memory import DevicePool, HostPool
 from cache_runtime.policies import PrefetchConfig, write_through_threshold
 from cache_runtime.radix import RadixTree, TreeNode
+from cache_runtime.storage.hashing import page_hashes
 from cache_runtime.storage_io import BackupStorageOp, PrefetchOp, StorageWorker
 from cache_runtime.transfer import BackupOp, LoadOp, TransferWorker
 
@@ -367,8 +368,6 @@ class HiCache:
     # ------------------------------------------------------------------ L3
     def _hashes(self, node: TreeNode) -> list[str]:
         """L3 keys of a node's pages, chained from the root (computed once per node)."""
-        from cache_runtime.storage.hashing import page_hashes
-
         chain = []
         n = node
         while n is not self.root and n.hashes is None:
@@ -445,8 +444,6 @@ class HiCache:
         if host is None:
             self.counters.prefetch_skipped += 1
             return None
-        from cache_runtime.storage.hashing import page_hashes
-
         prior = self._hashes(path[-1])[-1] if path else None
         keys = page_hashes(list(key[matched : matched + num]), self.page_size, prior)
         op = PrefetchOp(keys, host, list(key[: matched + num]), matched, self.page_size)

@@ -25,6 +25,8 @@ from cache_runtime.memory import DevicePool, HostPool, bytes_per_token, host_poo
 from cache_runtime.model import ForwardBatch, SeqSpan, TinyTransformer, resolve_model
 from cache_runtime.policies import PrefetchConfig
 from cache_runtime.sampling import SamplingParams, sample
+from cache_runtime.storage.base import HiCacheStorageConfig
+from cache_runtime.storage.factory import create_storage_backend
 from cache_runtime.storage_io import PrefetchOp
 
 log = logging.getLogger(__name__)
@@ -166,8 +168,6 @@ class Engine:
             self.cache.transfer.stop()
 
     def _attach_at_boot(self) -> None:
-        from cache_runtime.storage.factory import create_storage_backend  # contract S
-
         a = self.args
         extra = parse_extra_config(a.hicache_storage_backend_extra_config)
         prefetch, backend_extra = PrefetchConfig.from_extra_config(a.hicache_storage_prefetch_policy, extra)
@@ -184,8 +184,6 @@ class Engine:
         self.cache.attach_storage(a.hicache_storage_backend, backend, prefetch, extra)
 
     def storage_config(self, backend_extra: dict):
-        from cache_runtime.storage.base import HiCacheStorageConfig
-
         a = self.args
         return HiCacheStorageConfig(tp_rank=0, tp_size=a.tp_size, pp_rank=0, pp_size=a.pp_size, is_mla_model=False,
                                     is_page_first_layout=a.hicache_mem_layout != "layer_first",

@@ -27,6 +27,7 @@ from cache_runtime.protocol import (AttachIn, BadRequest, CompletionIn, DrainIn,
 from cache_runtime.sampling import SamplingParams
 from cache_runtime.scheduler import Draining, Engine, Output
 from cache_runtime.scheduler import Request as EngineRequest
+from cache_runtime.storage.factory import create_storage_backend
 
 log = logging.getLogger(__name__)
 
@@ -452,8 +453,6 @@ class Server:
                 f"#running-req={self.engine.num_running}")
 
     async def _attach(self, body: AttachIn):
-        from cache_runtime.storage.factory import create_storage_backend  # contract S
-
         name = body.hicache_storage_backend
         write_policy = body.hicache_write_policy or self.engine.cache.write_policy
         check_policy("hicache_write_policy", write_policy, WRITE_POLICIES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cache_runtime.storage import dynamic, file_backend, mooncake_config
 from cache_runtime.storage.base import HiCacheStorage, HiCacheStorageConfig
+from cache_runtime.storage.mooncake_backend import MooncakeStore  # the mooncake client itself loads on connect
 
 BACKENDS = ("file", "mooncake", "dynamic")
 
@@ -27,8 +28,6 @@ def create_storage_backend(name: str, config: HiCacheStorageConfig) -> HiCacheSt
     if name == "file":
         return file_backend.HiCacheFile(config)
     if name == "mooncake":
-        from cache_runtime.storage.mooncake_backend import MooncakeStore  # imports mooncake only when used
-
         return MooncakeStore(config)
     if name == "dynamic":
         return dynamic.create_dynamic_backend(config)
