@@ -58,3 +58,17 @@ def test_take_outs_reads_each_pods_first_take_out_from_the_operators_step_lines(
     sent = swap.take_outs(swap.operator_steps(log, 0, "ns"))
     assert {pod: round(t, 3) for pod, t in sent.items()} == {"fleet-0": 100.005, "fleet-1": 100.006,
                                                             "fleet-2": 101.412}
+
+
+def test_summarize_gives_each_size_the_spread_of_its_ratios_and_the_runs_meeting_the_goal():
+    def run(pods, mu, ratio, failed=0):
+        return {"pods": pods, "max_unavailable": mu, "ratio": ratio, "failed_requests": failed, "requests": 100}
+    rows = swap.summarize([run(16, 8, 1.25), run(16, 8, 1.1), run(16, 8, 1.15, failed=1), run(64, 8, 1.05),
+                           run(16, 8, float("nan"))])
+    by_size = {(r["pods"], r["max_unavailable"]): r for r in rows}
+    wave = by_size[16, 8]
+    assert (wave["runs"], wave["ratio_median"], wave["ratio_min"], wave["ratio_max"]) == (4, 1.15, 1.1, 1.25)
+    assert wave["ratio_mean"] == round((1.25 + 1.1 + 1.15) / 3, 3)
+    assert wave["runs_meeting_goal"] == 1  # 1.25 is over, 1.15 failed a request, nan measured nothing
+    assert (wave["failed_requests"], wave["requests"]) == (1, 400)
+    assert by_size[64, 8]["runs_meeting_goal"] == 1
