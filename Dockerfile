@@ -31,7 +31,10 @@ RUN uv python install 3.11.14 \
       uvicorn==0.54.0 \
       prometheus-client==0.26.0 \
       pydantic==2.14.3 \
-      pyyaml==6.0.3
+      pyyaml==6.0.3 \
+      safetensors==0.8.0 \
+      tokenizers==0.23.3 \
+      jinja2==3.1.6
 WORKDIR /opt/hicache/app
 COPY kernels/ kernels/
 COPY cache_runtime/ cache_runtime/
@@ -41,6 +44,9 @@ RUN HICACHE_KERNELS_CACHE=/tmp/kernels /opt/venv/bin/python -m kernels build \
  && install -D -m 0644 /tmp/kernels/*/libhicache_kernels.so /opt/hicache/lib/libhicache_kernels.so \
  && rm -rf /tmp/kernels \
  && /opt/venv/bin/python -m compileall -q /opt/hicache/app
+# The embedded default checkpoint the bundled samples serve: a LlamaForCausalLM with real KV
+# geometry (16 layers, 8 KV heads x 128) and random weights, plus a locally trained tokenizer.
+RUN /opt/venv/bin/python -m cache_runtime.synth --preset demo --out /opt/hicache/models/demo
 
 # ---- runtime: final ------------------------------------------------------------------------
 FROM nvidia/cuda:13.0.1-runtime-ubuntu24.04 AS runtime
@@ -74,6 +80,9 @@ RUN python -m venv /opt/venv \
       pyyaml==6.0.3
 WORKDIR /opt/hicache/app
 COPY hicache_operator/ hicache_operator/
+# The KV-size formula and config.json rules the runtime allocates by (pure Python, no torch).
+COPY cache_runtime/__init__.py cache_runtime/__init__.py
+COPY cache_runtime/models/__init__.py cache_runtime/models/config.py cache_runtime/models/
 RUN /opt/venv/bin/python -m compileall -q /opt/hicache/app
 
 # ---- operator: final -----------------------------------------------------------------------

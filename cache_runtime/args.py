@@ -27,6 +27,7 @@ class ServerArgs:
     model_path: str = "builtin:tiny"
     served_model_name: str | None = None
     device: str = "auto"
+    dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     page_size: int = 1
     max_total_tokens: int = 16384
@@ -156,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-path", "--model", default=d.model_path)
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
-    s.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", "float32", "float16", "bfloat16"])
+    s.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "float16", "bfloat16"],
+                   help="weights and activations; auto = the checkpoint's torch_dtype")
+    s.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", "float32", "float16", "bfloat16"],
+                   help="L1/L2/L3 KV; auto = --dtype")
     s.add_argument("--page-size", type=int, default=d.page_size)
     s.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens, help="L1 pool size in tokens")
     s.add_argument("--context-length", type=int, default=None)

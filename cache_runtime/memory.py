@@ -74,10 +74,13 @@ def _pin_ok(device: torch.device) -> bool:
 
 
 class DevicePool:
-    """L1: one K and one V tensor per layer, shape (slots, heads, head_dim), as contract K expects."""
+    """L1: one K and one V tensor per layer, shape (slots, heads, head_dim), as contract K expects.
+
+    MLA (``mla=True``): one latent tensor per layer, (slots, 1, kv_dim), and ``v`` is None.
+    """
 
     def __init__(self, num_tokens: int, page_size: int, num_layers: int, num_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, mla: bool = False) -> None:
         pages = num_tokens // page_size
         if pages < 1:
             raise ValueError(f"--max-total-tokens {num_tokens} is smaller than one page ({page_size})")
@@ -85,14 +88,13 @@ class DevicePool:
         self.page_size = page_size
         self.dtype = dtype
         self.device = device
+        if mla and num_heads != 1:
+            raise ValueError("an MLA pool has one latent row per token (num_heads 1)")
+        self.mla = mla
         self.k = [torch.zeros(self.size, num_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(self.size, num_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = None if mla else [torch.zeros(self.size, num_heads, head_dim, dtype=dtype, device=device)
+                                   for _ in range(num_layers)]
         self.allocator = PageAllocator(pages, page_size)
-
-
-def bytes_per_token(num_layers: int, num_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """SGLang's MHA host-pool size per token: K and V of every layer."""
-    return head_dim * num_heads * num_layers * torch.tensor([], dtype=dtype).element_size() * 2
 
 
 def _mem_available() -> int | None:
@@ -132,10 +134,13 @@ def host_pool_tokens(device_tokens: int, page_size: int, ratio: float, size_gb: 
 
 
 class HostPool:
-    """L2: one buffer in SGLang's host layout (contract K); index 0 of the leading 2 is K, 1 is V."""
+    """L2: one buffer in SGLang's host layout (contract K); index 0 of the leading 2 is K, 1 is V.
+
+    MLA (``mla=True``): SGLang's MLA shapes, without the leading 2 (one latent row per token).
+    """
 
     def __init__(self, num_tokens: int, page_size: int, num_layers: int, num_heads: int, head_dim: int,
-                 dtype: torch.dtype, layout: str, pin: bool) -> None:
+                 dtype: torch.dtype, layout: str, pin: bool, mla: bool = False) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"unsupported --hicache-mem-layout {layout!r}; the bundled runtime supports {LAYOUTS}")
         if num_tokens % page_size:
@@ -148,29 +153,35 @@ class HostPool:
         self.num_layers, self.num_heads, self.head_dim = num_layers, num_heads, head_dim
         L, H, D = num_layers, num_heads, head_dim
         shape = {
-            "layer_first": (2, L, num_tokens, H, D),
-            "page_first": (2, num_tokens, L, H, D),
-            "page_first_direct": (2, self.page_num, L, page_size, H, D),
+            "layer_first": (L, num_tokens, H, D),
+            "page_first": (num_tokens, L, H, D),
+            "page_first_direct": (self.page_num, L, page_size, H, D),
         }[layout]
+        self.mla = mla
         pin = pin and torch.cuda.is_available()
-        self.kv_buffer = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+        self.kv_buffer = torch.zeros(shape if mla else (2, *shape), dtype=dtype, pin_memory=pin)
         self.pinned = pin
         self.allocator = PageAllocator(self.page_num, page_size)
-        self.page_bytes = 2 * L * page_size * H * D * self.kv_buffer.element_size()
+        self.page_bytes = (1 if mla else 2) * L * page_size * H * D * self.kv_buffer.element_size()
 
     def page_view(self, first_slot: int) -> torch.Tensor:
-        """The page starting at ``first_slot`` as a (2, L, page_size, H, D) view, whatever the layout."""
+        """The page starting at ``first_slot`` as a (2, L, page_size, H, D) view, whatever the layout
+        ((L, page_size, 1, kv_dim) for MLA)."""
         if first_slot % self.page_size:
             raise ValueError(f"slot {first_slot} is not the start of a page")
         s, e = first_slot, first_slot + self.page_size
+        buf = self.kv_buffer.unsqueeze(0) if self.mla else self.kv_buffer
         if self.layout == "layer_first":
-            return self.kv_buffer[:, :, s:e]
-        if self.layout == "page_first":
-            return self.kv_buffer[:, s:e].transpose(1, 2)
-        return self.kv_buffer[:, first_slot // self.page_size]
+            view = buf[:, :, s:e]
+        elif self.layout == "page_first":
+            view = buf[:, s:e].transpose(1, 2)
+        else:
+            view = buf[:, first_slot // self.page_size]
+        return view[0] if self.mla else view
 
     def get_page(self, first_slot: int) -> torch.Tensor:
-        """A contiguous copy of one page in the layout-independent L3 format: K of all layers, then V."""
+        """A contiguous copy of one page in the layout-independent L3 format: K of all layers, then V
+        (the latent of all layers for MLA)."""
         return self.page_view(first_slot).contiguous().view(-1)
 
     def set_page(self, first_slot: int, flat: torch.Tensor) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
+from cache_runtime.models.config import GenerationDefaults
 from cache_runtime.sampling import SamplingParams
 
 
@@ -83,25 +85,78 @@ def _stop_list(v):
     return [v] if isinstance(v, str) else v
 
 
+def _pick(given, configured, default):
+    """A request's value, else generation_config.json's, else the server's own default."""
+    if given is not None:
+        return given
+    return configured if configured is not None else default
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class SamplingParamsIn(_Lenient):
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
+# SGLang/OpenAI options this runtime does not implement, each with the test of its neutral value: a
+# request may send the neutral value (clients often do), any other value is refused rather than ignored.
+_UNSUPPORTED = {
+    "presence_penalty": lambda v: v == 0,
+    "frequency_penalty": lambda v: v == 0,
+    "repetition_penalty": lambda v: v == 1,
+    "min_tokens": lambda v: v == 0,
+    "logit_bias": lambda v: not v,
+    "regex": lambda v: v is None,
+    "json_schema": lambda v: v is None,
+    "ebnf": lambda v: v is None,
+    "response_format": lambda v: not v or v == {"type": "text"},
+}
+
+
+class _Sampling(_Lenient):
+    """Sampling fields shared by every route. None means unset: the generation_config.json value applies,
+    else the server default (greedy). Ranges are checked by ``SamplingParams.validate``, whose messages
+    use these same field names."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        if isinstance(data, dict):
+            for name, neutral in _UNSUPPORTED.items():
+                value = data.get(name)
+                if value is not None and not neutral(value):
+                    raise ValueError(f"{name}={value!r} is not supported by this server")
+        return data
+
+    def sampling(self, gen: GenerationDefaults, max_new_tokens: int, seed: int | None) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=_pick(self.temperature, gen.temperature, 0.0),
+            top_p=_pick(self.top_p, gen.top_p, 1.0),
+            top_k=_pick(self.top_k, gen.top_k, -1),
+            stop=_stop_list(self.stop),
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+            seed=seed,
+            min_p=_pick(self.min_p, gen.min_p, 0.0),
+        )
+
+
+class SamplingParamsIn(_Sampling):
+    max_new_tokens: int = Field(default=128, ge=0)
     sampling_seed: int | None = Field(default=None, alias="seed", ge=SEED_MIN, le=SEED_MAX)
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    def to_params(self) -> SamplingParams:
-        return SamplingParams(self.max_new_tokens, self.temperature, self.top_p, self.top_k, _stop_list(self.stop),
-                              list(self.stop_token_ids or []), self.ignore_eos, self.sampling_seed)
+    def to_params(self, gen: GenerationDefaults) -> SamplingParams:
+        return self.sampling(gen, self.max_new_tokens, self.sampling_seed)
 
 
 class GenerateIn(_Lenient):
@@ -117,19 +172,12 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class CompletionIn(_Lenient):
+class _OpenAIRequest(_Sampling):
     model: str | None = None
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     n: int = 1
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    echo: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
 
     @field_validator("n")
     @classmethod
@@ -138,6 +186,13 @@ class CompletionIn(_Lenient):
             raise ValueError("only n=1 is supported")
         return v
 
+
+class CompletionIn(_OpenAIRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=0)
+    logprobs: int | None = None
+    echo: bool = False
+
     @field_validator("echo")
     @classmethod
     def _no_echo(cls, v: bool) -> bool:
@@ -145,9 +200,94 @@ class CompletionIn(_Lenient):
             raise ValueError("echo is not supported")
         return v
 
-    def to_params(self) -> SamplingParams:
-        return SamplingParams(self.max_tokens, self.temperature, self.top_p, self.top_k, _stop_list(self.stop),
-                              [], False, self.seed)
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError("logprobs is not supported")
+        return v
+
+    def to_params(self, gen: GenerationDefaults) -> SamplingParams:
+        return self.sampling(gen, 16 if self.max_tokens is None else self.max_tokens, self.seed)
+
+
+class ChatMessage(BaseModel):
+    """One message; keys other than role and content (name, tool_calls, tool_call_id, reasoning_content)
+    go to the chat template as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Any = None
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, v):
+        """A string, null, or a list of text parts, which become one string joined by spaces (as SGLang
+        renders list content for string-content templates); other part types are refused."""
+        if v is None or isinstance(v, str):
+            return v
+        if not isinstance(v, list):
+            raise ValueError("content must be a string or a list of content parts")
+        texts = []
+        for i, part in enumerate(v):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ValueError(f"content[{i}]: part type {kind!r} is not supported (text only)")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"content[{i}]: a text part needs a string 'text'")
+            texts.append(part["text"])
+        return " ".join(texts)
+
+
+class Function(_Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+
+
+class Tool(_Lenient):
+    type: Literal["function"] = "function"
+    function: Function
+
+
+# apply_chat_template's own parameters: chat_template_kwargs may not override them
+_RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")
+
+
+class ChatCompletionIn(_OpenAIRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=0)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    chat_template_kwargs: dict | None = None
+    logprobs: bool = False
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("logprobs is not supported")
+        return v
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved(cls, v: dict | None) -> dict | None:
+        for key in _RESERVED_TEMPLATE_KWARGS:
+            if v and key in v:
+                raise ValueError(f"{key!r} is set by the request itself, not through chat_template_kwargs")
+        return v
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools as SGLang hands them to the template: each tool's function object; none when
+        tool_choice is "none"."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [tool.function.model_dump(exclude_none=True) for tool in self.tools]
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 class AttachIn(_Lenient):

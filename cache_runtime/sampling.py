@@ -18,6 +18,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
+    min_p: float = 0.0
 
     def validate(self, vocab_size: int) -> None:
         if self.max_new_tokens < 0:
@@ -28,6 +29,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError("top_k must be -1 (disabled) or >= 1")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
         for t in self.stop_token_ids:
             if not 0 <= t < vocab_size:
                 raise ValueError(f"stop_token_ids entry {t} is outside the vocabulary (0..{vocab_size - 1})")
@@ -46,6 +49,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.top_k > 0:
         kth = torch.topk(scores, min(params.top_k, scores.numel())).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.min_p > 0:  # drop tokens less likely than min_p x the most likely one (scores are shifted: max 0)
+        scores = scores.masked_fill(scores < torch.log(torch.tensor(params.min_p, dtype=scores.dtype)), float("-inf"))
     if params.top_p < 1:
         sorted_scores, order = torch.sort(scores, descending=True)
         cum = torch.softmax(sorted_scores, -1).cumsum(-1)

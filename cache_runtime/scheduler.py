@@ -21,8 +21,10 @@ import torch
 
 from cache_runtime.args import ServerArgs, parse_extra_config
 from cache_runtime.hicache import HiCache, Prefix
-from cache_runtime.memory import DevicePool, HostPool, bytes_per_token, host_pool_tokens
-from cache_runtime.model import ForwardBatch, SeqSpan, TinyTransformer, resolve_model
+from cache_runtime.memory import DevicePool, HostPool, host_pool_tokens
+from cache_runtime.models import load_model, resolve_config, resolve_dtype
+from cache_runtime.models.config import CheckpointError, kv_bytes_per_token
+from cache_runtime.models.layers import ForwardBatch, SeqSpan
 from cache_runtime.policies import PrefetchConfig
 from cache_runtime.sampling import SamplingParams, sample
 from cache_runtime.storage.base import HiCacheStorageConfig
@@ -32,6 +34,9 @@ from cache_runtime.storage_io import PrefetchOp
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+# stop strings are looked for in the text of this many last tokens
+_STOP_WINDOW_TOKENS = 64
 
 
 class Draining(Exception):
@@ -115,24 +120,29 @@ class Engine:
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
         torch.set_num_threads(args.cpu_threads)
-        self.model_cfg = resolve_model(args.model_path)
         self.device = _pick_device(args.device)
-        if args.kv_cache_dtype == "auto":
-            self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        else:
-            self.dtype = _DTYPES[args.kv_cache_dtype]
-        cfg = self.model_cfg
-        self.context_length = min(args.context_length or cfg.max_context, cfg.max_context)
-        self.model = TinyTransformer(cfg, self.device)
-        self.device_pool = DevicePool(args.max_total_tokens, args.page_size, cfg.num_layers, cfg.num_heads,
-                                      cfg.head_dim, self.dtype, self.device)
+        cfg = resolve_config(args.model_path)
+        self.model_cfg = cfg
+        self.dtype = resolve_dtype(args.dtype, cfg, self.device)
+        self.kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
+        if args.context_length is not None and args.context_length > cfg.max_position_embeddings:
+            raise CheckpointError(f"--context-length {args.context_length} exceeds the model's "
+                                  f"max_position_embeddings {cfg.max_position_embeddings} (config.json)")
+        self.context_length = args.context_length or cfg.max_position_embeddings
+        loaded = load_model(args.model_path, self.dtype, self.device, self.context_length)
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.generation = loaded.generation
+        heads, width = cfg.kv_row()
+        self.device_pool = DevicePool(args.max_total_tokens, args.page_size, cfg.num_layers, heads, width,
+                                      self.kv_dtype, self.device, mla=cfg.is_mla)
         host = None
         if args.enable_hierarchical_cache:
-            token_bytes = bytes_per_token(cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype)
+            token_bytes = kv_bytes_per_token(cfg, _DTYPE_NAMES[self.kv_dtype])
             size = host_pool_tokens(self.device_pool.size, args.page_size, args.hicache_ratio, args.hicache_size,
                                     token_bytes)
-            host = HostPool(size, args.page_size, cfg.num_layers, cfg.num_heads, cfg.head_dim, self.dtype,
-                            args.hicache_mem_layout, pin=self.device.type == "cuda")
+            host = HostPool(size, args.page_size, cfg.num_layers, heads, width, self.kv_dtype,
+                            args.hicache_mem_layout, pin=self.device.type == "cuda", mla=cfg.is_mla)
         self._wake = threading.Event()
         self.cache = HiCache(self.device_pool, host, args.page_size, args.hicache_write_policy,
                              args.hicache_io_backend, self._wake.set, enabled=not args.disable_radix_cache)
@@ -185,7 +195,8 @@ class Engine:
 
     def storage_config(self, backend_extra: dict):
         a = self.args
-        return HiCacheStorageConfig(tp_rank=0, tp_size=a.tp_size, pp_rank=0, pp_size=a.pp_size, is_mla_model=False,
+        return HiCacheStorageConfig(tp_rank=0, tp_size=a.tp_size, pp_rank=0, pp_size=a.pp_size,
+                                    is_mla_model=self.model_cfg.is_mla,
                                     is_page_first_layout=a.hicache_mem_layout != "layer_first",
                                     model_name=a.served_model_name or a.model_path, extra_config=backend_extra)
 
@@ -383,12 +394,12 @@ class Engine:
         req.logprobs.append(logprob)
         self.stats.generation_tokens += 1
         reason = None
-        if tok in p.stop_token_ids:
+        if tok in p.stop_token_ids or not p.ignore_eos and tok in self.tokenizer.eos_token_ids:
             reason = {"type": "stop", "matched": tok}
         elif p.stop:
-            text = bytes(req.output_ids[-64:]).decode("utf-8", errors="replace")
+            text = self.tokenizer.decode(req.output_ids[-_STOP_WINDOW_TOKENS:])
             for s in p.stop:
-                if s and text.endswith(s):
+                if s and s in text:  # the output stops at its first occurrence; text after it is cut
                     reason = {"type": "stop", "matched": s}
                     break
         if reason is None and len(req.output_ids) >= p.max_new_tokens:

@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,17 +17,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import kernels
-from cache_runtime import __version__, tokenizer
+from cache_runtime import __version__
 from cache_runtime.args import ServerArgs, parse_extra_config
 from cache_runtime.auth import Level, check
 from cache_runtime.metrics import Metrics
 from cache_runtime.policies import PREFETCH_POLICIES, WRITE_POLICIES, PrefetchConfig, check_policy
-from cache_runtime.protocol import (AttachIn, BadRequest, CompletionIn, DrainIn, GenerateIn, parse_json,
-                                    validate)
+from cache_runtime.models import BUILTIN_CONFIGS
+from cache_runtime.protocol import (AttachIn, BadRequest, ChatCompletionIn, CompletionIn, DrainIn, GenerateIn,
+                                    parse_json, validate)
 from cache_runtime.sampling import SamplingParams
 from cache_runtime.scheduler import Draining, Engine, Output
 from cache_runtime.scheduler import Request as EngineRequest
 from cache_runtime.storage.factory import create_storage_backend
+from cache_runtime.tokenization import ChatTemplateError, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,68 @@ def error(status: int, message: str, kind: str = "BadRequestError") -> JSONRespo
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
 
-def _finish_text(out: Output) -> str:
-    text = tokenizer.decode(out.output_ids)
-    reason = out.finish_reason or {}
-    matched = reason.get("matched")
-    if reason.get("type") == "stop" and isinstance(matched, str) and text.endswith(matched):
-        text = text[: -len(matched)]
+def _shown_ids(out: Output) -> list[int]:
+    """The output ids whose text the client gets: as in SGLang, a matched stop token (EOS or one of
+    stop_token_ids) ends the output without appearing in it; output_ids and usage still count it."""
+    ids = out.output_ids
+    if out.finished and isinstance((out.finish_reason or {}).get("matched"), int) and ids:
+        return ids[:-1]
+    return ids
+
+
+def _cut_at_stop(text: str, out: Output) -> str:
+    """The text before the first occurrence of the stop string the request matched (SGLang's trim)."""
+    matched = (out.finish_reason or {}).get("matched")
+    if isinstance(matched, str) and matched and (pos := text.find(matched)) != -1:
+        return text[:pos]
     return text
+
+
+def _finish(out: Output) -> dict:
+    """OpenAI's finish_reason ("stop", "length", SGLang's "abort") and SGLang's matched_stop (the stop
+    string or token id that ended the output)."""
+    reason = out.finish_reason if out.finished else None
+    return {"finish_reason": reason["type"] if reason else None, "matched_stop": (reason or {}).get("matched")}
+
+
+class TextStream:
+    """A request's output text as it grows, for streaming.
+
+    New ids go through the tokenizer's incremental decoder, and a tail that could still grow into a
+    stop string is held back, so emitted text is never cut afterwards: the pieces join to the
+    non-streamed text of the same output.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str], skip_special_tokens: bool) -> None:
+        self._decoder = tokenizer.decoder(skip_special_tokens)
+        self._stop = [s for s in stop if s]
+        self._fed = 0
+        self._decoded = ""
+        self.text = ""  # emitted so far
+
+    def update(self, out: Output) -> str:
+        """The text to emit for this output (possibly empty)."""
+        ids = _shown_ids(out)
+        self._decoded += self._decoder.feed(ids[self._fed:])
+        self._fed = len(ids)
+        if out.finished:
+            self._decoded = _cut_at_stop(self._decoded + self._decoder.flush(), out)
+            end = len(self._decoded)
+        else:
+            end = len(self._decoded) - self._held()
+        delta = self._decoded[len(self.text):max(end, len(self.text))]
+        self.text += delta
+        return delta
+
+    def _held(self) -> int:
+        """The length of the longest tail of the decoded text that is a proper prefix of a stop string."""
+        best = 0
+        for s in self._stop:
+            for k in range(min(len(s) - 1, len(self._decoded)), best, -1):
+                if self._decoded.endswith(s[:k]):
+                    best = k
+                    break
+        return best
 
 
 def _sse(obj) -> bytes:
@@ -122,6 +179,10 @@ class Server:
         async def _bad(_r, exc):
             return error(400, str(exc))
 
+        @app.exception_handler(Draining)
+        async def _draining(_r, _exc):
+            return error(503, "server is draining; retry on another replica", "ServiceUnavailable")
+
         @app.exception_handler(_TooLarge)
         async def _large(_r, _exc):
             return error(413, f"request body exceeds {self.args.max_request_bytes} bytes", "RequestTooLarge")
@@ -147,6 +208,28 @@ class Server:
         return app
 
     # ------------------------------------------------------------------ inference
+    def _submit_all(self, prompts: list[list[int]], params: SamplingParams,
+                    rid: str | None = None) -> list[tuple[EngineRequest, asyncio.Queue]]:
+        """Validates every prompt before submitting any, so a bad one in a batch leaves none running."""
+        try:
+            for ids in prompts:
+                self.engine.validate(ids, params)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        return [self._submit(ids, params, rid) for ids in prompts]
+
+    def _room(self, prompt_tokens: int) -> int:
+        """The default output budget of a chat request: what the context and the KV pool leave."""
+        ctx, pool = self.engine.context_length, self.engine.device_pool.size
+        room = min(ctx, pool) - prompt_tokens
+        if room < 1:
+            raise BadRequest(f"the prompt ({prompt_tokens} tokens) leaves no room to generate within the context "
+                             f"length ({ctx}) and the KV pool (--max-total-tokens {pool})")
+        return room
+
+    def _text_stream(self, params: SamplingParams, skip_special_tokens: bool) -> TextStream:
+        return TextStream(self.engine.tokenizer, params.stop, skip_special_tokens)
+
     def _routes_inference(self, app: FastAPI) -> None:
         @app.post("/generate")
         async def generate(request: Request):
@@ -161,26 +244,27 @@ class Server:
                 prompts = [prompts]
             if not prompts:
                 raise BadRequest("the batch is empty")
-            ids = [tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
-            params = body.sampling_params.to_params()
             if body.stream and batch:
                 raise BadRequest("streaming a batch of prompts is not supported")
-            try:
-                submitted = [self._submit(x, params, body.rid if not batch else None) for x in ids]
-            except Draining:
-                return error(503, "server is draining; retry on another replica", "ServiceUnavailable")
-            except ValueError as exc:
-                raise BadRequest(str(exc)) from None
+            ids = [self.engine.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
+            sp = body.sampling_params
+            params = sp.to_params(self.engine.generation)
+            submitted = self._submit_all(ids, params, body.rid if not batch else None)
             if body.stream:
-                req, q = submitted[0]
-                return StreamingResponse(self._stream_generate(req, q, body.return_logprob),
-                                         media_type="text/event-stream")
+                text = self._text_stream(params, sp.skip_special_tokens)
+
+                def render(out: Output) -> list[dict]:
+                    text.update(out)
+                    return [{"text": text.text, "output_ids": out.output_ids,
+                             "meta_info": self._meta(out, body.return_logprob)}]
+
+                return self._sse_response(*submitted[0], render)
             outs = await asyncio.gather(*(self._collect(r, q) for r, q in submitted))
             results = []
             for out in outs:
                 if out.error:
                     return error(500, out.error, "InternalServerError")
-                results.append({"text": _finish_text(out), "output_ids": out.output_ids,
+                results.append({"text": self._final_text(out, sp.skip_special_tokens), "output_ids": out.output_ids,
                                 "meta_info": self._meta(out, body.return_logprob)})
             return results if batch else results[0]
 
@@ -189,45 +273,105 @@ class Server:
             if (denied := self._auth(request, Level.NORMAL)) is not None:
                 return denied
             body: CompletionIn = await self._parse(request, CompletionIn)
-            prompt = body.prompt
+            prompt, encode = body.prompt, self.engine.tokenizer.encode
             if isinstance(prompt, str):
-                prompts = [tokenizer.encode(prompt)]
+                prompts = [encode(prompt)]
             elif prompt and isinstance(prompt[0], str):
-                prompts = [tokenizer.encode(p) for p in prompt]
+                prompts = [encode(p) for p in prompt]
             elif prompt and isinstance(prompt[0], list):
                 prompts = list(prompt)
             else:
                 prompts = [prompt]
             if body.stream and len(prompts) != 1:
                 raise BadRequest("streaming a batch of prompts is not supported")
-            params = body.to_params()
-            try:
-                submitted = [self._submit(p, params) for p in prompts]
-            except Draining:
-                return error(503, "server is draining; retry on another replica", "ServiceUnavailable")
-            except ValueError as exc:
-                raise BadRequest(str(exc)) from None
-            cid = f"cmpl-{uuid.uuid4().hex}"
-            created = int(time.time())
+            params = body.to_params(self.engine.generation)
+            submitted = self._submit_all(prompts, params)
+            cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+            def head(obj: str) -> dict:
+                return {"id": cid, "object": obj, "created": created, "model": self.model_name}
+
             if body.stream:
-                req, q = submitted[0]
+                text = self._text_stream(params, body.skip_special_tokens)
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                return StreamingResponse(self._stream_completion(req, q, cid, created, include_usage),
-                                         media_type="text/event-stream")
+
+                def render(out: Output) -> list[dict]:
+                    delta = text.update(out)
+                    if not delta and not out.finished:
+                        return []
+                    events = [{**head("text_completion"),
+                               "choices": [{"index": 0, "text": delta, "logprobs": None, **_finish(out)}], "usage": None}]
+                    if out.finished and include_usage:
+                        events.append({**head("text_completion"), "choices": [], "usage": self._usage([out])})
+                    return events
+
+                return self._sse_response(*submitted[0], render)
             outs = await asyncio.gather(*(self._collect(r, q) for r, q in submitted))
             choices = []
             for i, out in enumerate(outs):
                 if out.error:
                     return error(500, out.error, "InternalServerError")
-                choices.append({"index": i, "text": _finish_text(out), "logprobs": None,
-                                "finish_reason": self._openai_reason(out)})
-            return {"id": cid, "object": "text_completion", "created": created, "model": self.model_name,
-                    "choices": choices, "usage": self._usage(outs)}
+                choices.append({"index": i, "text": self._final_text(out, body.skip_special_tokens), "logprobs": None,
+                                **_finish(out)})
+            return {**head("text_completion"), "choices": choices, "usage": self._usage(outs)}
 
-    def _openai_reason(self, out: Output) -> str | None:
-        if out.finish_reason is None:
-            return None
-        return "length" if out.finish_reason.get("type") == "length" else "stop"
+        @app.post("/v1/chat/completions")
+        async def chat_completions(request: Request):
+            if (denied := self._auth(request, Level.NORMAL)) is not None:
+                return denied
+            body: ChatCompletionIn = await self._parse(request, ChatCompletionIn)
+            tokenizer = self.engine.tokenizer
+            if not tokenizer.has_chat_template:
+                raise BadRequest(f"model {self.model_name!r} has no chat template; send a prompt to "
+                                 "/v1/completions or /generate instead")
+            try:
+                prompt = tokenizer.apply_chat_template([m.model_dump() for m in body.messages],
+                                                       add_generation_prompt=True, tools=body.template_tools(),
+                                                       **(body.chat_template_kwargs or {}))
+            except ChatTemplateError as exc:
+                raise BadRequest(f"messages: the chat template refused them: {exc}") from None
+            ids = tokenizer.encode(prompt, add_special_tokens=False)  # the template wrote the control tokens
+            max_tokens = body.requested_max_tokens()
+            params = body.sampling(self.engine.generation, self._room(len(ids)) if max_tokens is None else max_tokens,
+                                   body.seed)
+            [(req, q)] = self._submit_all([ids], params)
+            cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+            if body.stream:
+                text = self._text_stream(params, body.skip_special_tokens)
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                first = True
+
+                def chunk(delta: dict, finish: dict | None = None) -> dict:
+                    finish = finish or {"finish_reason": None, "matched_stop": None}
+                    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
+                            "choices": [{"index": 0, "delta": delta, "logprobs": None, **finish}], "usage": None}
+
+                def render(out: Output) -> list[dict]:
+                    nonlocal first
+                    events = []
+                    if first:
+                        events.append(chunk({"role": "assistant", "content": ""}))
+                        first = False
+                    if delta := text.update(out):
+                        events.append(chunk({"content": delta}))
+                    if out.finished:
+                        events.append(chunk({}, _finish(out)))
+                        if include_usage:
+                            events.append({**chunk({}), "choices": [], "usage": self._usage([out])})
+                    return events
+
+                return self._sse_response(req, q, render)
+            out = await self._collect(req, q)
+            if out.error:
+                return error(500, out.error, "InternalServerError")
+            message = {"role": "assistant", "content": self._final_text(out, body.skip_special_tokens)}
+            return {"id": cid, "object": "chat.completion", "created": created, "model": self.model_name,
+                    "choices": [{"index": 0, "message": message, "logprobs": None, **_finish(out)}],
+                    "usage": self._usage([out])}
+
+    def _final_text(self, out: Output, skip_special_tokens: bool) -> str:
+        return _cut_at_stop(self.engine.tokenizer.decode(_shown_ids(out), skip_special_tokens=skip_special_tokens), out)
 
     def _usage(self, outs: list[Output]) -> dict:
         prompt = sum(o.meta["prompt_tokens"] for o in outs)
@@ -238,53 +382,24 @@ class Server:
             usage["prompt_tokens_details"] = {"cached_tokens": sum(o.meta["cached_tokens"] for o in outs)}
         return usage
 
-    async def _stream_generate(self, req, q, return_logprob: bool) -> AsyncIterator[bytes]:
-        finished = False
-        try:
-            while True:
-                out: Output = await q.get()
-                if out.error:
-                    yield _sse({"error": {"message": out.error, "code": 500}})
-                    finished = True
-                    break
-                yield _sse({"text": _finish_text(out), "output_ids": out.output_ids,
-                            "meta_info": self._meta(out, return_logprob)})
-                if out.finished:
-                    finished = True
-                    break
-            yield _SSE_DONE
-        finally:
-            if not finished:
-                self.engine.abort(req)
+    def _sse_response(self, req: EngineRequest, q: asyncio.Queue,
+                      render: Callable[[Output], list[dict]]) -> StreamingResponse:
+        return StreamingResponse(self._sse(req, q, render), media_type="text/event-stream")
 
-    async def _stream_completion(self, req, q, cid: str, created: int, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _sse(self, req: EngineRequest, q: asyncio.Queue,
+                   render: Callable[[Output], list[dict]]) -> AsyncIterator[bytes]:
+        """The events ``render`` makes of each output, an error event if the request fails, then [DONE].
+        A client that goes away mid-stream aborts its request."""
         finished = False
-        decoder = tokenizer.IncrementalDecoder()
-        sent = 0
         try:
-            while True:
+            while not finished:
                 out: Output = await q.get()
+                finished = out.finished
                 if out.error:
-                    yield _sse({"error": {"message": out.error, "code": 500}})
-                    finished = True
+                    yield _sse({"error": {"message": out.error, "type": "InternalServerError", "code": 500}})
                     break
-                delta = decoder.feed(out.output_ids[sent:])
-                sent = len(out.output_ids)
-                if out.finished:
-                    delta += decoder.flush()
-                    matched = (out.finish_reason or {}).get("matched")
-                    if isinstance(matched, str) and delta.endswith(matched):
-                        delta = delta[: -len(matched)]
-                chunk = {"id": cid, "object": "text_completion", "created": created, "model": self.model_name,
-                         "choices": [{"index": 0, "text": delta, "logprobs": None,
-                                      "finish_reason": self._openai_reason(out) if out.finished else None}]}
-                yield _sse(chunk)
-                if out.finished:
-                    finished = True
-                    if include_usage:
-                        yield _sse({"id": cid, "object": "text_completion", "created": created,
-                                    "model": self.model_name, "choices": [], "usage": self._usage([out])})
-                    break
+                for obj in render(out):
+                    yield _sse(obj)
             yield _SSE_DONE
         finally:
             if not finished:
@@ -298,8 +413,10 @@ class Server:
 
         @app.get("/health_generate")
         async def health_generate():
+            tokenizer = self.engine.tokenizer
+            ids = tokenizer.encode("hi") or [tokenizer.bos_token_id or 0]
             try:
-                req, q = self._submit([ord("h")], SamplingParams(max_new_tokens=1), bypass_drain=True)
+                req, q = self._submit(ids, SamplingParams(max_new_tokens=1), bypass_drain=True)
                 out = await asyncio.wait_for(self._collect(req, q), timeout=20)
             except (asyncio.TimeoutError, ValueError) as exc:
                 return error(503, f"generation health check failed: {exc!r}", "ServiceUnavailable")
@@ -319,18 +436,22 @@ class Server:
         app.get("/server_info")(server_info)
         app.get("/get_server_info")(server_info)
 
-        @app.get("/get_model_info")
         async def model_info(request: Request):
             if (denied := self._auth(request, Level.NORMAL)) is not None:
                 return denied
-            return {"model_path": self.args.model_path, "tokenizer_path": None, "is_generation": True}
+            path = self.args.model_path
+            return {"model_path": path, "tokenizer_path": None if path in BUILTIN_CONFIGS else path,
+                    "is_generation": True}
+
+        app.get("/get_model_info")(model_info)
+        app.get("/model_info")(model_info)
 
         @app.get("/v1/models")
         async def models(request: Request):
             if (denied := self._auth(request, Level.NORMAL)) is not None:
                 return denied
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
-                                                "owned_by": "cache_runtime",
+                                                "owned_by": "cache_runtime", "root": self.args.model_path,
                                                 "max_model_len": self.engine.context_length}]}
 
     def _server_info(self) -> dict:
@@ -353,7 +474,9 @@ class Server:
             "engine": "bundled",
             "max_total_num_tokens": e.device_pool.size,
             "device": str(e.device),
-            "kv_cache_dtype_effective": str(e.dtype).replace("torch.", ""),
+            "dtype_effective": str(e.dtype).replace("torch.", ""),
+            "kv_cache_dtype_effective": str(e.kv_dtype).replace("torch.", ""),
+            "context_length_effective": e.context_length,
             "hicache": hicache,
             "kernels": kernels.backend_info(),
             "internal_states": [{"num_running_reqs": e.num_running, "num_queue_reqs": e.num_queued}],

@@ -122,7 +122,8 @@ class TransferWorker:
         layout, ps, io = self.host.layout, self.host.page_size, self.io_backend
         if isinstance(op, LoadOp):
             for layer in range(len(self.device.k)):
-                kernels.load_per_layer(self.host.kv_buffer, self.device.k[layer], self.device.v[layer],
+                device_v = self.device.v[layer] if self.device.v is not None else None  # None: MLA
+                kernels.load_per_layer(self.host.kv_buffer, self.device.k[layer], device_v,
                                        op.host_slots, op.device_slots, layer, layout, ps, io_backend=io)
                 if self._cuda:
                     ev = torch.cuda.Event()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cache_runtime.models.config import DTYPE_BYTES, ModelConfig, kv_cell_bytes
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -21,7 +23,7 @@ class Shape:
     qk_rope_head_dim: int = 0
 
 
-# builtin:* mirror cache_runtime/model.py; they are counted at 4 bytes (float32 on CPU), the
+# builtin:* mirror cache_runtime/models/__init__.py; they are counted at 4 bytes (float32 on CPU), the
 # larger of the runtime's dtypes, so a pool sized from them never overshoots.
 KNOWN: dict[str, Shape] = {
     "builtin:tiny": Shape(num_layers=4, num_kv_heads=4, head_dim=32, dtype_bytes=4),
@@ -40,14 +42,17 @@ def lookup(model: str, override: Shape | None = None) -> Shape | None:
     return override or KNOWN.get(model)
 
 
-def bytes_per_token(shape: Shape, tp: int, pp: int) -> int:
-    """KV bytes one token takes in ONE rank's host pool (SGLang memory_pool_host.py).
+def from_config(cfg: ModelConfig, dtype: str = "bfloat16") -> Shape:
+    """The KV geometry of a parsed config.json (``cache_runtime.models.config.parse_config``)."""
+    if cfg.mla is not None:
+        return Shape(num_layers=cfg.num_layers, dtype_bytes=DTYPE_BYTES[dtype], mla=True,
+                     kv_lora_rank=cfg.mla.kv_lora_rank, qk_rope_head_dim=cfg.mla.qk_rope_head_dim)
+    return Shape(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                 dtype_bytes=DTYPE_BYTES[dtype])
 
-    MHA heads are split over TP ranks (replicated when there are fewer heads than ranks); MLA's
-    latent is not split. Layers are split over PP stages.
-    """
-    layers = -(-shape.num_layers // pp)
-    if shape.mla:
-        return (shape.kv_lora_rank + shape.qk_rope_head_dim) * shape.dtype_bytes * layers
-    heads = max(1, shape.num_kv_heads // tp)
-    return shape.head_dim * heads * layers * shape.dtype_bytes * 2
+
+def bytes_per_token(shape: Shape, tp: int, pp: int) -> int:
+    """KV bytes one token takes in ONE rank's host pool: the runtime's own formula (kv_cell_bytes)."""
+    return kv_cell_bytes(num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                         dtype_bytes=shape.dtype_bytes,
+                         mla_kv_dim=shape.kv_lora_rank + shape.qk_rope_head_dim if shape.mla else None, tp=tp, pp=pp)

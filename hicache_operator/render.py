@@ -178,6 +178,9 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, own
                           "failureThreshold": 4},
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                             "runAsNonRoot": True, "privileged": False},
+        # a runtime that cannot start (a bad checkpoint) ends its log with one line saying why;
+        # the kubelet keeps that tail as lastState.terminated.message, and status shows it
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "storage-config", "mountPath": OPERATOR_VOLUMES["storage-config"], "readOnly": True},
             {"name": "tmp", "mountPath": OPERATOR_VOLUMES["tmp"]},

@@ -63,6 +63,18 @@ RULES: tuple[Rule, ...] = (
          "model to a Hugging Face id or a path",
          "!(has(self.engine) && self.engine == 'sglang' && "
          "(!has(self.model) || self.model.startsWith('builtin:')))", "spec"),
+    Rule("bundled-model-source", "error",
+         "engine bundled loads a local Hugging Face checkpoint directory: set model to an absolute "
+         "path inside the pod (a mounted volume, e.g. /models/llama-3.1-8b) or to builtin:tiny / "
+         "builtin:small; a Hugging Face repo id needs engine: sglang",
+         "(has(self.engine) && self.engine == 'sglang') || !has(self.model) || "
+         "self.model.startsWith('/') || self.model in ['builtin:tiny', 'builtin:small']", "spec"),
+    Rule("bundled-parallelism", "error",
+         "engine bundled runs tensor parallelism only: set parallelism.pp and parallelism.dp to 1, or use "
+         "engine: sglang",
+         "(has(self.engine) && self.engine == 'sglang') || !has(self.parallelism) || "
+         "((!has(self.parallelism.dp) || self.parallelism.dp == 1) && "
+         "(!has(self.parallelism.pp) || self.parallelism.pp == 1))", "spec"),
     # ---- errors that need the extra config (invisible to CEL) or the nodes ----
     Rule("mooncake-master-required", "error",
          "hicache.storage.backend mooncake needs the master address: set "

@@ -84,7 +84,10 @@ def unavailable_reason(pod: dict) -> str | None:
     for cs in containers:
         waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
         if waiting and waiting not in STILL_CREATING:
-            return waiting  # ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff, ...
+            # ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff (with the last line
+            # the crashed container wrote: the runtime's one-line reason for a bad checkpoint)
+            why = _last_line(((cs.get("lastState") or {}).get("terminated") or {}).get("message"))
+            return f"{waiting}: {why}" if why else waiting
     restarts = sum(cs.get("restartCount") or 0 for cs in containers)
     if restarts:  # back from a crash, or ready since and failing now
         if any(cs.get("started") is False for cs in containers) or _unready_since_start(pod, containers):
@@ -102,6 +105,11 @@ def unavailable_reason(pod: dict) -> str | None:
         # kubelet has yet to recompute Ready), or held out of serving
         return None if gate == "True" else "held out of serving (hicache.dev/serving False)"
     return None if _unready_since_start(pod, containers) else "not ready"
+
+
+def _last_line(text: Any, limit: int = 300) -> str:
+    lines = [ln.strip() for ln in str(text or "").splitlines() if ln.strip()]
+    return lines[-1][:limit] if lines else ""
 
 
 def _unready_since_start(pod: dict, containers: list[dict]) -> bool:

@@ -88,6 +88,11 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
         out.append(finding("dp-divides-tp"))
     if spec.engine == "sglang" and spec.model.startswith("builtin:"):
         out.append(finding("builtin-model-needs-bundled"))
+    if spec.engine == "bundled":
+        if not (spec.model.startswith("/") or spec.model in BUNDLED_BUILTINS):
+            out.append(finding("bundled-model-source"))
+        if spec.parallelism.dp > 1 or spec.parallelism.pp > 1:
+            out.append(finding("bundled-parallelism"))
     mu = spec.rollout.max_unavailable
     if (isinstance(mu, int) and mu < 0) or (isinstance(mu, str) and not (re.fullmatch(r"\d+%", mu) and int(mu[:-1]) <= 100)):
         out.append(finding("max-unavailable", value=mu))
@@ -100,6 +105,9 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
         if missing:
             out.append(finding("dynamic-backend-config", missing=", ".join(missing)))
     return out
+
+
+BUNDLED_BUILTINS = ("builtin:tiny", "builtin:small")
 
 
 # Kubernetes' own syntax (apimachinery validation), for the fields copied into the pod template.

@@ -104,7 +104,11 @@ def inside() -> int:
        "--timeout", "5m")
     print(kubectl("get", "pods", "-n", "hicache-system", "-o", "wide"))
 
-    say("applying a bundled-runtime HiCacheDeployment (2 pods, builtin:tiny model, L1 + L2)")
+    say("applying a bundled-runtime HiCacheDeployment (2 pods, L1 + L2)")
+    print("   model: the embedded default checkpoint, a LlamaForCausalLM with real KV geometry (16 layers,\n"
+          "   8 KV heads x 128, ~247 M parameters, bfloat16) and RANDOM weights with a locally trained\n"
+          "   tokenizer: it runs like a real model and its text is meaningless. Point spec.model at a\n"
+          "   Hugging Face checkpoint directory to serve a real one.", flush=True)
     kubectl("create", "namespace", NS, check=False)
     import yaml
     doc = yaml.safe_load((REPO / "manifests" / "samples" / "bundled-minimal.yaml").read_text())

@@ -2,6 +2,7 @@
 # Sets up everything the project needs on a fresh machine; idempotent and quick when warm.
 #   - a Python virtualenv in .venv with the package and its runtime/dev extras
 #   - the real Mooncake store (L3 tests) and its one system library
+#   - the embedded default checkpoint the samples, demo and e2e fleets serve (~0.5 GB)
 #   - the local control plane's binaries (Go build, cached outside the repo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,10 @@ fi
 
 step "Mooncake store (real L3 backend)"
 if [[ -x scripts/install-mooncake.sh ]]; then bash scripts/install-mooncake.sh "$VENV"; fi
+
+step "embedded default checkpoint (random-weight LlamaForCausalLM, locally trained tokenizer)"
+MODELS="${HICACHE_MODELS_DIR:-$HOME/.cache/hicache-operator/models}"
+"$VENV/bin/python" -m cache_runtime.synth --preset demo --out "$MODELS/demo"
 
 step "local control plane binaries (cold build: ~20-30 min on 2 cores; cached afterwards)"
 bash tests/cluster/tools/build.sh >/dev/null

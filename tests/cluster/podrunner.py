@@ -19,8 +19,11 @@ cgroup. During a 64-pod backend swap that made every etcd request take ~50 ms (1
 the pods in one group) and every API call ~0.15 s.
 
 Volumes: configMap, secret, emptyDir and the service-account token are materialised
-under the pod's own directory, and mount paths that appear in args or env values are
-rewritten to it, since pods share this machine's filesystem. The token volume becomes
+under the pod's own directory, hostPath is the machine's own directory, and mount paths that
+appear in args or env values are rewritten to them, since pods share this machine's filesystem.
+The runtime image's checkpoint directory (/opt/hicache/models) is this machine's model cache
+(HICACHE_MODELS_DIR, else ~/.cache/hicache-operator/models, filled by scripts/setup.sh), as
+the local code stands in for the image's. The token volume becomes
 a kubeconfig (env KUBECONFIG) for the pod's own ServiceAccount, so in-cluster clients
 such as the operator run with exactly the RBAC the chart gives them.
 
@@ -103,6 +106,13 @@ def field_ref(pod: dict, path: str, host_ip: str, pod_ip: str) -> str:
     raise ValueError(f"unsupported fieldRef {path}")
 
 
+IMAGE_MODELS = "/opt/hicache/models"  # where the runtime image keeps its embedded checkpoints
+
+
+def local_models_dir() -> Path:
+    return Path(os.environ.get("HICACHE_MODELS_DIR") or Path.home() / ".cache" / "hicache-operator" / "models")
+
+
 class IpPool:
     def __init__(self, cidr: str):
         self.hosts = ipaddress.ip_network(cidr).hosts()
@@ -152,9 +162,13 @@ class PodWorker(threading.Thread):
     def _mounts(self) -> dict[str, Path]:
         vols = {v["name"]: v for v in self.pod["spec"].get("volumes", [])}
         api = self.runner.core
-        mounts: dict[str, Path] = {}
+        mounts: dict[str, Path] = {IMAGE_MODELS: local_models_dir()}
         for m in self.container().get("volumeMounts", []):
             v = vols.get(m["name"], {})
+            if "hostPath" in v:  # the node's own directory, as a kubelet mounts it
+                host = Path(v["hostPath"]["path"])
+                mounts[m["mountPath"].rstrip("/")] = host / m["subPath"] if m.get("subPath") else host
+                continue
             local = self.dir / "volumes" / m["name"]
             local.mkdir(parents=True, exist_ok=True)
             if "configMap" in v:
@@ -301,6 +315,20 @@ class PodWorker(threading.Thread):
         return all(conds.get(g["conditionType"]) == "True" for g in self.pod["spec"].get("readinessGates") or [])
 
     # -- status ----------------------------------------------------------------------------
+    def _termination_message(self, code: int) -> str:
+        """terminationMessagePolicy FallbackToLogsOnError, as a kubelet applies it: on a failed exit,
+        the log's last 80 lines or 2048 bytes, whichever is less."""
+        if not code or self.container().get("terminationMessagePolicy") != "FallbackToLogsOnError":
+            return ""
+        try:
+            with open(self.dir / "container.log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 2048))
+                tail = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(tail.splitlines()[-80:])
+
     def _patch_status(self, containers_ready: bool, running: bool, last_exit: int | None = None) -> None:
         ready = containers_ready and self._gates_ok()
         started = running and getattr(self, "started", False)  # the kubelet's: startup probe passed
@@ -310,6 +338,10 @@ class PodWorker(threading.Thread):
         c = self.container()
         state = {"running": {"startedAt": self.started_at}} if running else \
             {"waiting": {"reason": "CrashLoopBackOff", "message": f"exited with {last_exit}"}}
+        last_state = {}
+        if not running and last_exit is not None:
+            last_state = {"terminated": {"exitCode": last_exit, "reason": "Error" if last_exit else "Completed",
+                                         "message": self._termination_message(last_exit)}}
         body = {"status": {
             "phase": "Running", "hostIP": self.host_ip, "hostIPs": [{"ip": self.host_ip}],
             "podIP": self.ip, "podIPs": [{"ip": self.ip}], "startTime": self.started_at,
@@ -317,7 +349,8 @@ class PodWorker(threading.Thread):
                            self._condition("Ready", ready)],
             "containerStatuses": [{"name": c["name"], "image": c.get("image", ""), "imageID": "",
                                    "ready": containers_ready, "started": started,
-                                   "restartCount": self.restarts, "state": state}]}}
+                                   "restartCount": self.restarts, "state": state,
+                                   "lastState": last_state}]}}
         try:
             # the reply is read, not turned into a V1Pod: with every pod's status patched from
             # this one process (a kubelet each on a real cluster), that decoding held the GIL the

@@ -41,16 +41,23 @@ def test_children_names_owner_and_rendered_hash():
 
 
 def test_statefulset_is_on_delete_with_gate_probes_and_gpus():
-    _, kids = children({"parallelism": {"tp": 2, "pp": 2}})
+    _, kids = children({"parallelism": {"tp": 2, "pp": 2}, "engine": "sglang", "model": "Qwen/Qwen3-8B"})
     sts = kids["StatefulSet"]["spec"]
     assert sts["updateStrategy"] == {"type": "OnDelete"}
     ps = sts["template"]["spec"]
     assert ps["readinessGates"] == [{"conditionType": "hicache.dev/serving"}]
     c = ps["containers"][0]
-    assert c["readinessProbe"]["httpGet"] == {"port": "http", "path": "/ready"}
+    assert c["readinessProbe"]["httpGet"] == {"port": "http", "path": "/health"}
     assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == "4"
     anti = ps["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert anti["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_bundled_probe_and_termination_message():
+    _, kids = children({})
+    c = pod_spec(kids)["containers"][0]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_sglang_probe_and_command():

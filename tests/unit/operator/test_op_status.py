@@ -172,3 +172,15 @@ def test_a_pod_that_is_not_starting_and_not_ready_degrades_the_fleet_even_while_
     c = conds(build_status(generation=1, previous=None, desired=d, errors=[], pods=pods, degraded=[], now="t"))
     assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "ReplicasUnavailable")
     assert c["Degraded"]["message"] == f"1 of 3 pod(s) ready, 1 starting; demo-2: {why}"
+
+
+def test_a_crash_looping_pod_shows_the_last_line_its_container_wrote():
+    """A bad checkpoint: the runtime's one-line reason reaches Degraded through the termination
+    message (terminationMessagePolicy FallbackToLogsOnError)."""
+    d = _desired(replicas=1)
+    pod = _pod_in(0, d, **_waiting("CrashLoopBackOff"), restarts=2)
+    pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 2, "message": (
+        "INFO loading /models/x\nerror: /models/x/config.json: architectures: Gemma2ForCausalLM is not supported\n")}}
+    c = conds(build_status(generation=1, previous=None, desired=d, errors=[], pods=[pod], degraded=[], now="t"))
+    assert c["Degraded"]["message"] == ("0 of 1 pod(s) ready; demo-0: CrashLoopBackOff: error: /models/x/config.json: "
+                                        "architectures: Gemma2ForCausalLM is not supported")

@@ -51,15 +51,28 @@ def test_write_back_needs_the_opt_in_and_then_warns():
     assert allowed.ok and names(allowed) == ["write-back-allowed"]
 
 
+SG = {"engine": "sglang", "model": "Qwen/Qwen3-8B"}
+
+
 def test_pp_with_l3_is_refused_but_pp_alone_is_fine():
-    assert names(run(parallelism={"tp": 1, "pp": 2}, hicache={"storage": {"backend": "file"}}), "error") == [
+    assert names(run(**SG, parallelism={"tp": 1, "pp": 2}, hicache={"storage": {"backend": "file"}}), "error") == [
         "pp-with-storage"]
-    assert run(parallelism={"pp": 2}).ok
+    assert run(**SG, parallelism={"pp": 2}).ok
 
 
 def test_dp_must_divide_tp():
-    assert names(run(parallelism={"tp": 4, "dp": 3}), "error") == ["dp-divides-tp"]
-    assert run(parallelism={"tp": 4, "dp": 2}).ok
+    assert names(run(**SG, parallelism={"tp": 4, "dp": 3}), "error") == ["dp-divides-tp"]
+    assert run(**SG, parallelism={"tp": 4, "dp": 2}).ok
+
+
+def test_bundled_engine_needs_a_local_checkpoint_and_no_dp_pp():
+    assert names(run(model="meta-llama/Llama-3.1-8B-Instruct"), "error") == ["bundled-model-source"]
+    assert names(run(model="builtin:huge"), "error") == ["bundled-model-source"]
+    assert names(run(model="/models/llama", modelShape={"numLayers": 32, "numKvHeads": 8, "headDim": 128}),
+                 "error") == []
+    assert names(run(parallelism={"tp": 2, "dp": 2}), "error") == ["bundled-parallelism"]
+    assert names(run(parallelism={"pp": 2}), "error") == ["bundled-parallelism"]
+    assert "set parallelism.pp and parallelism.dp to 1" in run(parallelism={"pp": 2}).findings[0].message
 
 
 def test_builtin_model_needs_the_bundled_engine():

@@ -159,5 +159,5 @@ def test_dockerignore_admits_exactly_what_the_dockerfile_copies():
         for op, args in s.instructions:
             if op == "COPY" and "--from=" not in args:
                 copied.update(src.rstrip("/") for src in args.split()[:-1])
-    assert copied == admitted
-    assert all((REPO / p).is_dir() for p in copied)
+    assert {p.split("/")[0] for p in copied} == admitted
+    assert all((REPO / p).exists() for p in copied)

@@ -11,6 +11,7 @@ import pytest
 from cache_runtime.args import ServerArgs, normalise
 from cache_runtime.sampling import SamplingParams
 from cache_runtime.scheduler import Engine, Output, Request
+from tests.support.checkpoints import build_oracle_checkpoint
 
 
 def make_engine(**overrides) -> Engine:
@@ -78,3 +79,17 @@ def engines():
     yield factory
     for e in made:
         e.shutdown()
+
+
+@pytest.fixture(scope="session")
+def oracles(tmp_path_factory):
+    """kind -> (checkpoint dir, transformers float32 model), each built once per session."""
+    root = tmp_path_factory.mktemp("oracles")
+    built: dict = {}
+
+    def get(kind: str):
+        if kind not in built:
+            built[kind] = build_oracle_checkpoint(kind, root)
+        return built[kind]
+
+    return get

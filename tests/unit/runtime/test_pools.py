@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import kernels
-from cache_runtime.memory import DevicePool, HostPool, PageAllocator, bytes_per_token, host_pool_tokens
+from cache_runtime.memory import DevicePool, HostPool, PageAllocator, host_pool_tokens
+from cache_runtime.models.config import kv_cell_bytes
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 L, H, D = 3, 2, 8
@@ -26,7 +27,7 @@ def test_allocator_rounds_up_to_pages_and_rejects_double_free():
 
 
 def test_host_pool_size_follows_sglang_formula():
-    tb = bytes_per_token(4, 4, 32, torch.float16)
+    tb = kv_cell_bytes(num_layers=4, num_kv_heads=4, head_dim=32, dtype_bytes=2)
     assert tb == 32 * 4 * 4 * 2 * 2
     # ratio: device * ratio, then page_num = size // page + 1
     assert host_pool_tokens(1000, 16, 2.0, 0, tb) == (2000 // 16 + 1) * 16

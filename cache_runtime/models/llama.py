@@ -1,0 +1,80 @@
+"""The Llama family: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM.
+
+One decoder with the family's switches from config.json: q/k/v(/o) biases (Llama's
+``attention_bias``, Qwen2 always on q/k/v), MLP biases (Llama's ``mlp_bias``), per-head q/k
+RMSNorm before RoPE (Qwen3), sliding-window layers (Mistral, Qwen2/3 ``use_sliding_window``),
+GQA, tied embeddings. q/k/v and gate/up are fused into one matmul each at load.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from cache_runtime.models.base import CausalLM, WeightSource
+from cache_runtime.models.config import ModelConfig
+from cache_runtime.models.layers import ForwardBatch, paged_attention, rms_norm, write_kv
+from cache_runtime.models.rope import Rotary
+
+
+class _Layer:
+    def __init__(self, cfg: ModelConfig, i: int, w: WeightSource, dt: torch.dtype, dev: torch.device) -> None:
+        p = f"model.layers.{i}."
+        H, D, nq, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        get = lambda name, shape: w.get(p + name, shape, dt, dev)  # noqa: E731
+        self.ln1 = get("input_layernorm.weight", (H,))
+        self.ln2 = get("post_attention_layernorm.weight", (H,))
+        shapes = {"q": (nq * D, H), "k": (nkv * D, H), "v": (nkv * D, H)}
+        self.wqkv = torch.cat([get(f"self_attn.{x}_proj.weight", s) for x, s in shapes.items()])
+        self.bqkv = None
+        if cfg.attention_bias or cfg.qkv_bias:
+            self.bqkv = torch.cat([get(f"self_attn.{x}_proj.bias", (s[0],)) for x, s in shapes.items()])
+        self.wo = get("self_attn.o_proj.weight", (H, nq * D))
+        self.bo = get("self_attn.o_proj.bias", (H,)) if cfg.attention_bias else None
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = get("self_attn.q_norm.weight", (D,))
+            self.k_norm = get("self_attn.k_norm.weight", (D,))
+        I = cfg.intermediate_size  # noqa: E741
+        self.w_gate_up = torch.cat([get("mlp.gate_proj.weight", (I, H)), get("mlp.up_proj.weight", (I, H))])
+        self.w_down = get("mlp.down_proj.weight", (H, I))
+        self.b_gate_up = self.b_down = None
+        if cfg.mlp_bias:
+            self.b_gate_up = torch.cat([get("mlp.gate_proj.bias", (I,)), get("mlp.up_proj.bias", (I,))])
+            self.b_down = get("mlp.down_proj.bias", (H,))
+        self.window = cfg.window(i)
+
+
+class LlamaForCausalLM(CausalLM):
+    def __init__(self, cfg: ModelConfig, weights: WeightSource, dtype: torch.dtype, device: torch.device,
+                 max_positions: int) -> None:
+        self.cfg, self.dtype, self.device = cfg, dtype, device
+        self._load_embeddings(weights)
+        self.layers = [_Layer(cfg, i, weights, dtype, device) for i in range(cfg.num_layers)]
+        self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, device)
+        self.scale = cfg.head_dim ** -0.5
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, k_pool: list[torch.Tensor], v_pool: list[torch.Tensor] | None
+                ) -> torch.Tensor:
+        cfg = self.cfg
+        n = batch.input_ids.shape[0]
+        D, nq, nkv, eps = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps
+        h = F.embedding(batch.input_ids, self.embed)
+        rot = self.rotary.table(batch.positions, self.dtype)
+        for i, L in enumerate(self.layers):
+            x = rms_norm(h, L.ln1, eps)
+            q, k, v = F.linear(x, L.wqkv, L.bqkv).split([nq * D, nkv * D, nkv * D], dim=-1)
+            q, k, v = q.view(n, nq, D), k.view(n, nkv, D), v.view(n, nkv, D)
+            if L.q_norm is not None:
+                q, k = rms_norm(q, L.q_norm, eps), rms_norm(k, L.k_norm, eps)
+            q, k = self.rotary.apply(q, rot), self.rotary.apply(k, rot)
+            if batch.wait_layer is not None:
+                batch.wait_layer(i)
+            write_kv(k_pool[i], batch.out_slots, k)
+            write_kv(v_pool[i], batch.out_slots, v)
+            attn = paged_attention(q, k_pool[i], v_pool[i], batch.plan(L.window), self.scale)
+            h = h + F.linear(attn.reshape(n, nq * D), L.wo, L.bo)
+            gate, up = F.linear(rms_norm(h, L.ln2, eps), L.w_gate_up, L.b_gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, L.w_down, L.b_down)
+        return self._logits(h, batch)

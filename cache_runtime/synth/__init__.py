@@ -1,0 +1,1 @@
+"""Synthesized Hugging Face checkpoints for tests and demos: real file formats, generated content."""
