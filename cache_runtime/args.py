@@ -106,6 +106,11 @@ def normalise(args: ServerArgs) -> ServerArgs:
     _positive("cpu-threads", args.cpu_threads)
     for name in ("tp_size", "dp_size", "pp_size"):
         _positive(name.replace("_", "-"), getattr(args, name))
+    for name in ("dp_size", "pp_size"):
+        if getattr(args, name) > 1:
+            flag = name.replace("_", "-")
+            raise ValueError(f"--{flag} {getattr(args, name)}: the bundled runtime runs tensor parallelism only "
+                             f"(--tp-size); use sglang for data or pipeline parallelism")
     if args.radix_eviction_policy != "lru":
         raise ValueError(f"--radix-eviction-policy {args.radix_eviction_policy!r} is not supported by the bundled runtime (lru)")
     if args.hicache_write_policy not in WRITE_POLICIES:

@@ -26,7 +26,7 @@ from cache_runtime.memory import DevicePool, HostPool
 from cache_runtime.policies import PrefetchConfig, write_through_threshold
 from cache_runtime.radix import RadixTree, TreeNode
 from cache_runtime.storage.hashing import page_hashes
-from cache_runtime.storage_io import BackupStorageOp, PrefetchOp, StorageWorker
+from cache_runtime.storage_io import BackupStorageOp, PrefetchOp, RankedStorage, StorageWorker
 from cache_runtime.transfer import BackupOp, LoadOp, TransferWorker
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class Prefix:
 
 class HiCache:
     def __init__(self, device: DevicePool, host: HostPool | None, page_size: int, write_policy: str,
-                 io_backend: str, wake, enabled: bool = True) -> None:
+                 io_backend: str, wake, enabled: bool = True, tp=None) -> None:
         self.device, self.host = device, host
         self.page_size = page_size
         self.write_policy = write_policy
@@ -66,7 +66,11 @@ class HiCache:
         self.tree = RadixTree(page_size)
         self.counters = CacheCounters()
         self._wake = wake
-        self.transfer = TransferWorker(device, host, io_backend, wake) if host is not None else None
+        # tp: cache_runtime.tp.Leader under tensor parallelism: copies are mirrored to the followers,
+        # and L3 ops wait until the followers ran every copy sent before them
+        self.tp = tp
+        self.transfer = (TransferWorker(device, host, io_backend, wake, mirror=tp.send if tp else None)
+                         if host is not None else None)
         self._transfers_in_flight = 0
         self.storage: StorageWorker | None = None
         self.storage_backend_name: str | None = None
@@ -385,15 +389,17 @@ class HiCache:
 
     def _submit_storage_backup(self, hashes: list[str], host_slots: torch.Tensor, pin_node: TreeNode) -> None:
         op = BackupStorageOp(list(hashes), host_slots, pin_node)
+        op.sync_point = self.tp.sync_point() if self.tp else 0
         self.tree.pin_host(pin_node)
         self._backup_ops.add(op)
         self.storage.submit_backup(op)
 
-    def attach_storage(self, name: str, backend, prefetch: PrefetchConfig, extra_config: dict) -> None:
+    def attach_storage(self, name: str, storage: RankedStorage, prefetch: PrefetchConfig, extra_config: dict) -> None:
         if self.host is None:
             raise ValueError("an L3 storage backend needs --enable-hierarchical-cache (L2)")
         self.prefetch = prefetch
-        self.storage = StorageWorker(backend, self.host, self._wake, max(prefetch.threshold, self.page_size))
+        self.storage = StorageWorker(storage, self._wake, max(prefetch.threshold, self.page_size),
+                                     wait_for=self.tp.wait_for if self.tp else None)
         self.storage_backend_name = name
         self.storage_extra_config = extra_config
 
@@ -414,7 +420,7 @@ class HiCache:
             self._backup_ops.discard(op)
             self.tree.unpin_host(op.pin_node)
         try:
-            storage.backend.close()
+            storage.ranks.close()
         except Exception:
             log.exception("closing the L3 backend failed")
         self.storage = None
@@ -447,6 +453,7 @@ class HiCache:
         prior = self._hashes(path[-1])[-1] if path else None
         keys = page_hashes(list(key[matched : matched + num]), self.page_size, prior)
         op = PrefetchOp(keys, host, list(key[: matched + num]), matched, self.page_size)
+        op.sync_point = self.tp.sync_point() if self.tp else 0
         if path:  # keep the L2 copy of the prefix the fetched pages will hang under (SGLang pins it too)
             op.anchor = path[-1]
             self.tree.pin_host(op.anchor)

@@ -140,7 +140,8 @@ class HostPool:
     """
 
     def __init__(self, num_tokens: int, page_size: int, num_layers: int, num_heads: int, head_dim: int,
-                 dtype: torch.dtype, layout: str, pin: bool, mla: bool = False) -> None:
+                 dtype: torch.dtype, layout: str, pin: bool, mla: bool = False, buffer_file: str | None = None
+                 ) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"unsupported --hicache-mem-layout {layout!r}; the bundled runtime supports {LAYOUTS}")
         if num_tokens % page_size:
@@ -159,7 +160,16 @@ class HostPool:
         }[layout]
         self.mla = mla
         pin = pin and torch.cuda.is_available()
-        self.kv_buffer = torch.zeros(shape if mla else (2, *shape), dtype=dtype, pin_memory=pin)
+        full = shape if mla else (2, *shape)
+        if buffer_file is None:
+            self.kv_buffer = torch.zeros(full, dtype=dtype, pin_memory=pin)
+        else:  # a tensor-parallel follower's pool, mapped by it and by rank 0 (which does its L3 I/O)
+            numel = 1
+            for d in full:
+                numel *= d
+            self.kv_buffer = torch.from_file(buffer_file, shared=True, size=numel, dtype=dtype).view(full)
+            if pin:
+                torch.cuda.cudart().cudaHostRegister(self.kv_buffer.data_ptr(), numel * self.kv_buffer.element_size(), 0)
         self.pinned = pin
         self.allocator = PageAllocator(self.page_num, page_size)
         self.page_bytes = (1 if mla else 2) * L * page_size * H * D * self.kv_buffer.element_size()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 import uuid
@@ -23,13 +24,14 @@ from cache_runtime.args import ServerArgs, parse_extra_config
 from cache_runtime.hicache import HiCache, Prefix
 from cache_runtime.memory import DevicePool, HostPool, host_pool_tokens
 from cache_runtime.models import load_model, resolve_config, resolve_dtype
-from cache_runtime.models.config import CheckpointError, kv_bytes_per_token
+from cache_runtime.models.config import CheckpointError, ModelConfig, kv_bytes_per_token
 from cache_runtime.models.layers import ForwardBatch, SeqSpan
 from cache_runtime.policies import PrefetchConfig
 from cache_runtime.sampling import SamplingParams, sample
 from cache_runtime.storage.base import HiCacheStorageConfig
 from cache_runtime.storage.factory import create_storage_backend
-from cache_runtime.storage_io import PrefetchOp
+from cache_runtime.storage_io import PrefetchOp, RankedStorage
+from cache_runtime.tp import Leader, forward_command
 
 log = logging.getLogger(__name__)
 
@@ -108,44 +110,75 @@ class EngineStats:
     requests_failed: int = 0
 
 
-def _pick_device(name: str) -> torch.device:
+def _pick_device(name: str, rank: int = 0) -> torch.device:
+    """The device of TP rank ``rank``: GPU ``rank`` of the pod's visible GPUs, or the CPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but no CUDA device is available")
+    if name == "cuda":
+        if rank >= torch.cuda.device_count():
+            raise ValueError(f"--tp-size needs {rank + 1} GPUs, {torch.cuda.device_count()} visible")
+        return torch.device("cuda", rank)
     return torch.device(name)
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """What every TP rank resolves the same way from the flags and config.json."""
+
+    cfg: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    context_length: int
+
+
+def model_setup(args: ServerArgs, rank: int = 0) -> ModelSetup:
+    cfg = resolve_config(args.model_path)
+    device = _pick_device(args.device, rank)
+    dtype = resolve_dtype(args.dtype, cfg, device)
+    kv_dtype = dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
+    if args.context_length is not None and args.context_length > cfg.max_position_embeddings:
+        raise CheckpointError(f"--context-length {args.context_length} exceeds the model's "
+                              f"max_position_embeddings {cfg.max_position_embeddings} (config.json)")
+    return ModelSetup(cfg, device, dtype, kv_dtype, args.context_length or cfg.max_position_embeddings)
 
 
 class Engine:
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
         torch.set_num_threads(args.cpu_threads)
-        self.device = _pick_device(args.device)
-        cfg = resolve_config(args.model_path)
-        self.model_cfg = cfg
-        self.dtype = resolve_dtype(args.dtype, cfg, self.device)
-        self.kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
-        if args.context_length is not None and args.context_length > cfg.max_position_embeddings:
-            raise CheckpointError(f"--context-length {args.context_length} exceeds the model's "
-                                  f"max_position_embeddings {cfg.max_position_embeddings} (config.json)")
-        self.context_length = args.context_length or cfg.max_position_embeddings
-        loaded = load_model(args.model_path, self.dtype, self.device, self.context_length)
+        setup = model_setup(args)
+        cfg = self.model_cfg = setup.cfg
+        self.device, self.dtype, self.kv_dtype = setup.device, setup.dtype, setup.kv_dtype
+        self.context_length = setup.context_length
+        heads, width = cfg.kv_row(args.tp_size)
+        self.device_pool = DevicePool(args.max_total_tokens, args.page_size, cfg.num_layers, heads, width,
+                                      self.kv_dtype, self.device, mla=cfg.is_mla)
+        host_tokens = None
+        if args.enable_hierarchical_cache:
+            token_bytes = kv_bytes_per_token(cfg, _DTYPE_NAMES[self.kv_dtype], tp=args.tp_size)
+            host_tokens = host_pool_tokens(self.device_pool.size, args.page_size, args.hicache_ratio,
+                                           args.hicache_size, token_bytes)
+        # followers start first, so they load their shards while this rank loads its own
+        self.tp = Leader(args, self.device, host_tokens) if args.tp_size > 1 else None
+        loaded = load_model(args.model_path, self.dtype, self.device, self.context_length,
+                            shard=self.tp.shard() if self.tp else None)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.generation = loaded.generation
-        heads, width = cfg.kv_row()
-        self.device_pool = DevicePool(args.max_total_tokens, args.page_size, cfg.num_layers, heads, width,
-                                      self.kv_dtype, self.device, mla=cfg.is_mla)
-        host = None
-        if args.enable_hierarchical_cache:
-            token_bytes = kv_bytes_per_token(cfg, _DTYPE_NAMES[self.kv_dtype])
-            size = host_pool_tokens(self.device_pool.size, args.page_size, args.hicache_ratio, args.hicache_size,
-                                    token_bytes)
-            host = HostPool(size, args.page_size, cfg.num_layers, heads, width, self.kv_dtype,
-                            args.hicache_mem_layout, pin=self.device.type == "cuda", mla=cfg.is_mla)
+        hosts: list[HostPool] = []
+        if host_tokens:
+            files = [None, *(self.tp.host_files if self.tp else [])]
+            hosts = [HostPool(host_tokens, args.page_size, cfg.num_layers, heads, width, self.kv_dtype,
+                              args.hicache_mem_layout, pin=self.device.type == "cuda", mla=cfg.is_mla, buffer_file=f)
+                     for f in files]
+        self.rank_hosts = hosts  # every TP rank's L2 (this rank's first): L3 I/O reads and writes them all
         self._wake = threading.Event()
-        self.cache = HiCache(self.device_pool, host, args.page_size, args.hicache_write_policy,
-                             args.hicache_io_backend, self._wake.set, enabled=not args.disable_radix_cache)
+        self.cache = HiCache(self.device_pool, hosts[0] if hosts else None, args.page_size, args.hicache_write_policy,
+                             args.hicache_io_backend, self._wake.set, enabled=not args.disable_radix_cache,
+                             tp=self.tp)
         self.stats = EngineStats()
         self.on_first_token: Callable[[float], None] | None = None  # metrics hooks, called on the engine thread
         self.on_finish: Callable[[Request], None] | None = None
@@ -176,14 +209,15 @@ class Engine:
         self.cache.detach_storage()
         if self.cache.transfer is not None:
             self.cache.transfer.stop()
+        if self.tp is not None:
+            self.tp.stop()
 
     def _attach_at_boot(self) -> None:
         a = self.args
         extra = parse_extra_config(a.hicache_storage_backend_extra_config)
         prefetch, backend_extra = PrefetchConfig.from_extra_config(a.hicache_storage_prefetch_policy, extra)
-        config = self.storage_config(backend_extra)
         try:
-            backend = create_storage_backend(a.hicache_storage_backend, config)
+            backend = self.create_storage(a.hicache_storage_backend, backend_extra)
         except ValueError:  # bad configuration: fail the boot with the message
             raise
         except Exception as exc:  # L3 down at boot: serve from L1+L2 and say why
@@ -193,9 +227,22 @@ class Engine:
             return
         self.cache.attach_storage(a.hicache_storage_backend, backend, prefetch, extra)
 
-    def storage_config(self, backend_extra: dict):
+    def create_storage(self, name: str, backend_extra: dict) -> RankedStorage:
+        """Every TP rank's L3 backend (its own keys), or one for MLA, whose latent every rank shares."""
+        ranks = 1 if self.model_cfg.is_mla else self.args.tp_size
+        backends = []
+        try:
+            for r in range(ranks):
+                backends.append(create_storage_backend(name, self.storage_config(backend_extra, r)))
+        except BaseException:
+            for b in backends:
+                b.close()
+            raise
+        return RankedStorage(backends, self.rank_hosts)
+
+    def storage_config(self, backend_extra: dict, tp_rank: int = 0):
         a = self.args
-        return HiCacheStorageConfig(tp_rank=0, tp_size=a.tp_size, pp_rank=0, pp_size=a.pp_size,
+        return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=a.tp_size, pp_rank=0, pp_size=a.pp_size,
                                     is_mla_model=self.model_cfg.is_mla,
                                     is_page_first_layout=a.hicache_mem_layout != "layer_first",
                                     model_name=a.served_model_name or a.model_path, extra_config=backend_extra)
@@ -251,9 +298,14 @@ class Engine:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
+            if self.tp is not None:
+                self.tp.check_alive()
             try:
                 worked = self._iterate()
             except Exception:
+                if self.tp is not None:  # the ranks may no longer be in step: restart them all
+                    log.critical("engine step failed with tensor parallelism; stopping the server", exc_info=True)
+                    os._exit(3)
                 log.exception("engine step failed; failing the running batch")
                 for req in list(self.running):
                     self._finish(req, error="internal error in the engine step")
@@ -281,7 +333,10 @@ class Engine:
             self._aborts.popleft().aborted = True
         self.cache.poll()
         self._admit()
-        return self._step()
+        worked = self._step()
+        if self.tp is not None:
+            self.tp.flush()  # copies sent without a forward (backups after the last step, write_back)
+        return worked
 
     def _cache_key(self, input_ids: list[int]) -> list[int]:
         # the last prompt token is always recomputed: its logits start generation
@@ -368,6 +423,9 @@ class Engine:
             [SeqSpan(s.start, s.num_new, s.ctx_slots.to(dev), s.want_logits) for s in seqs],
             wait_layer=(lambda layer: [op.wait_layer(layer) for op in loads]) if loads else None,
         )
+        if self.tp is not None:
+            self.tp.send(forward_command(batch))
+            self.tp.flush()
         logits = self.model(batch, self.device_pool.k, self.device_pool.v)
         row = 0
         for (req, n), seq in zip(stepped, seqs):

@@ -28,7 +28,6 @@ from cache_runtime.protocol import (AttachIn, BadRequest, ChatCompletionIn, Comp
 from cache_runtime.sampling import SamplingParams
 from cache_runtime.scheduler import Draining, Engine, Output
 from cache_runtime.scheduler import Request as EngineRequest
-from cache_runtime.storage.factory import create_storage_backend
 from cache_runtime.tokenization import ChatTemplateError, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -561,7 +560,7 @@ class Server:
                 return PlainTextResponse("Failed to clear HiCache storage backend.\nNo storage backend attached.\n",
                                          status_code=400)
             try:
-                await asyncio.to_thread(storage.backend.clear)
+                await asyncio.to_thread(storage.ranks.clear)
             except Exception as exc:
                 return PlainTextResponse(f"Failed to clear HiCache storage backend.\n{type(exc).__name__}: {exc}\n",
                                          status_code=400)
@@ -607,7 +606,7 @@ class Server:
         if verdict:
             return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{verdict}\n", status_code=400)
         try:
-            backend = await asyncio.to_thread(create_storage_backend, name, engine.storage_config(backend_extra))
+            backend = await asyncio.to_thread(engine.create_storage, name, backend_extra)
         except Exception as exc:
             return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{type(exc).__name__}: {exc}\n",
                                      status_code=400)

@@ -25,6 +25,35 @@ PROBE_INTERVAL_S = 15.0  # how often a degraded backend is probed for recovery
 _PROBE_KEY = "0" * 64
 
 
+class RankedStorage:
+    """The L3 backends of every tensor-parallel rank and the L2 pools their pages move to and from.
+
+    MHA: one backend per rank, each with its own keys (SGLang's per-rank names), backend r <-> pool
+    r. MLA: the latent is the same on every rank, so one backend (rank 0's keys) feeds every pool.
+    """
+
+    def __init__(self, backends: list, hosts: list[HostPool]) -> None:
+        if len(backends) not in (1, len(hosts)):
+            raise ValueError(f"{len(backends)} L3 backends for {len(hosts)} ranks")
+        self.backends, self.hosts = backends, hosts
+
+    @property
+    def shared(self) -> bool:
+        return len(self.backends) == 1 and len(self.hosts) > 1
+
+    def exists(self, keys: list[str]) -> int:
+        """Pages present from the start on every rank."""
+        return min(max(0, min(int(b.batch_exists(keys)), len(keys))) for b in self.backends)
+
+    def clear(self) -> None:
+        for b in self.backends:
+            b.clear()
+
+    def close(self) -> None:
+        for b in self.backends:
+            b.close()
+
+
 class PrefetchOp:
     def __init__(self, keys: list[str], host_slots: torch.Tensor, tokens: list[int], prefix_len: int,
                  page_size: int) -> None:
@@ -40,6 +69,7 @@ class PrefetchOp:
         self.hit_pages: int | None = None
         self.finished = False  # the thread is done with it (all fetched, miss, or error)
         self.anchor = None  # last cached node of the prefix, L2-pinned by the engine while the op lives
+        self.sync_point = 0  # tensor parallelism: follower commands to wait for before touching their pools
 
 
 class BackupStorageOp:
@@ -51,12 +81,15 @@ class BackupStorageOp:
         self.cancelled = False
         self.written_pages = 0
         self.finished = False
+        self.sync_point = 0
 
 
 class StorageWorker:
-    def __init__(self, backend, host: HostPool, wake: Callable[[], None], prefetch_threshold_tokens: int) -> None:
-        self.backend = backend
-        self.host = host
+    def __init__(self, ranks: RankedStorage, wake: Callable[[], None], prefetch_threshold_tokens: int,
+                 wait_for: Callable[[int], None] | None = None) -> None:
+        self.ranks = ranks
+        self.host = ranks.hosts[0]
+        self._wait_for = wait_for
         self._wake = wake
         self._threshold = prefetch_threshold_tokens
         self.degraded: str | None = None
@@ -120,29 +153,33 @@ class StorageWorker:
         hit = 0
         for i in range(0, len(op.keys), STORAGE_BATCH_SIZE):
             batch = op.keys[i : i + STORAGE_BATCH_SIZE]
-            n = int(self.backend.batch_exists(batch))
-            hit += max(0, min(n, len(batch)))
+            n = self.ranks.exists(batch)
+            hit += n
             if n < len(batch) or op.terminated:
                 break
         op.hit_pages = hit
         ps = self.host.page_size
         if hit * ps < self._threshold:
             return  # not worth the I/O: SGLang revokes such prefetches
+        if self._wait_for is not None:
+            self._wait_for(op.sync_point)  # no follower load still reads the slots this op fills
+        hosts = self.ranks.hosts
         for i in range(0, hit, STORAGE_BATCH_SIZE):
             if op.terminated or self._stopping.is_set():
                 return
             keys = op.keys[i : min(hit, i + STORAGE_BATCH_SIZE)]
-            values = self.backend.batch_get(keys)
-            for j, value in enumerate(values or []):
-                if value is None or value.numel() * value.element_size() != self.host.page_bytes:
-                    return  # a miss or a corrupt page ends the usable prefix
+            per_rank = [b.batch_get(keys) or [] for b in self.ranks.backends]
+            for j in range(len(keys)):
+                pages = [values[j] if j < len(values) else None for values in per_rank]
+                if any(v is None or v.numel() * v.element_size() != self.host.page_bytes for v in pages):
+                    return  # a miss or a corrupt page on any rank ends the usable prefix
                 with op.lock:
                     if op.terminated:
                         return
-                    self.host.set_page(int(op.host_slots[(i + j) * ps]), value)
+                    slot = int(op.host_slots[(i + j) * ps])
+                    for r, host in enumerate(hosts):
+                        host.set_page(slot, pages[0 if self.ranks.shared else r])
                     op.completed_pages += 1
-            if len(values or []) < len(keys):
-                return
 
     def _backup_loop(self) -> None:
         while True:
@@ -166,7 +203,7 @@ class StorageWorker:
 
     def _probe(self) -> None:
         try:
-            self.backend.batch_exists([_PROBE_KEY])
+            self.ranks.exists([_PROBE_KEY])
         except Exception as exc:
             self._degraded_at = time.monotonic()
             log.debug("L3 still unavailable: %s", exc)
@@ -177,16 +214,20 @@ class StorageWorker:
 
     def _backup(self, op: BackupStorageOp) -> None:
         ps = self.host.page_size
+        if self._wait_for is not None:
+            self._wait_for(op.sync_point)  # the followers' L1->L2 copies of these pages have run
         for i in range(0, len(op.keys), STORAGE_BATCH_SIZE):
             keys = op.keys[i : i + STORAGE_BATCH_SIZE]
-            skip = max(0, min(int(self.backend.batch_exists(keys)), len(keys)))
-            if skip == len(keys):
-                continue
-            with op.lock:  # copy out under the lock: after a cancel the slots may belong to someone else
-                if op.cancelled:
+            for r, (backend, host) in enumerate(zip(self.ranks.backends, self.ranks.hosts)):
+                skip = max(0, min(int(backend.batch_exists(keys)), len(keys)))
+                if skip == len(keys):
+                    continue
+                with op.lock:  # copy out under the lock: after a cancel the slots may belong to someone else
+                    if op.cancelled:
+                        return
+                    values = [host.get_page(int(op.host_slots[(i + j) * ps])) for j in range(skip, len(keys))]
+                if not backend.batch_set(keys[skip:], values):
+                    log.warning("L3 backend refused %d pages (batch_set returned False)", len(values))
                     return
-                values = [self.host.get_page(int(op.host_slots[(i + j) * ps])) for j in range(skip, len(keys))]
-            if not self.backend.batch_set(keys[skip:], values):
-                log.warning("L3 backend refused %d pages (batch_set returned False)", len(values))
-                return
-            op.written_pages += len(values)
+                if r == 0:  # counted once, as SGLang counts one rank's backups
+                    op.written_pages += len(values)

@@ -63,8 +63,10 @@ class BackupOp(_Op):
 
 
 class TransferWorker:
-    def __init__(self, device: DevicePool, host: HostPool, io_backend: str, wake: Callable[[], None]) -> None:
+    def __init__(self, device: DevicePool, host: HostPool, io_backend: str, wake: Callable[[], None],
+                 mirror: Callable[[tuple], None] | None = None) -> None:
         self.device, self.host, self.io_backend = device, host, io_backend
+        self._mirror = mirror  # tensor parallelism: the same copy on every follower rank (cache_runtime.tp)
         self._wake = wake
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()
@@ -75,9 +77,13 @@ class TransferWorker:
         self._thread.start()
 
     def submit_load(self, op: LoadOp) -> None:
+        if self._mirror is not None:
+            self._mirror(("load", op.host_slots, op.device_slots))
         self._queue.put((0, next(self._seq), op))  # loads first: a request is waiting on them
 
     def submit_backup(self, op: BackupOp) -> None:
+        if self._mirror is not None:
+            self._mirror(("backup", op.device_slots, op.host_slots))
         if self._cuda:
             op.ready_event = torch.cuda.Event()
             op.ready_event.record(torch.cuda.current_stream())
@@ -89,6 +95,8 @@ class TransferWorker:
 
     def backup_now(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
         """Synchronous L1->L2 copy on the caller's thread (write_back eviction)."""
+        if self._mirror is not None:
+            self._mirror(("backup", device_slots, host_slots))
         if self._cuda:
             torch.cuda.current_stream().synchronize()
         kernels.backup_all_layers(self.device.k, self.device.v, self.host.kv_buffer, device_slots, host_slots,

@@ -46,7 +46,8 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = (
     Flag("model", "--model-path", str, "builtin:tiny",
-         "Model served: a Hugging Face id or local path (sglang), or builtin:tiny/builtin:small (bundled)."),
+         "Model served: a checkpoint directory in the pod (bundled and sglang), a Hugging Face id (sglang), "
+         "or builtin:tiny/builtin:small (bundled test models)."),
     Flag("parallelism.tp", "--tp-size", int, 1, "Tensor-parallel ranks inside each pod (one GPU each)."),
     Flag("parallelism.dp", "--dp-size", int, 1,
          "Data-parallel attention groups inside the TP group (must divide tp; uses no extra GPUs)."),

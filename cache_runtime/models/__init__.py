@@ -16,7 +16,7 @@ from cache_runtime.models.config import (CheckpointError, GenerationDefaults, Mo
 if TYPE_CHECKING:
     import torch
 
-    from cache_runtime.models.base import CausalLM
+    from cache_runtime.models.base import CausalLM, Shard
     from cache_runtime.tokenization import Tokenizer
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -72,8 +72,9 @@ class LoadedModel:
 
 
 def load_model(model_path: str, dtype: "torch.dtype", device: "torch.device", max_positions: int,
-               seed: int = 0) -> LoadedModel:
-    from cache_runtime.models.base import RandomWeights
+               seed: int = 0, shard: "Shard | None" = None) -> LoadedModel:
+    """The model (this rank's shard of it under tensor parallelism), its tokenizer and generation defaults."""
+    from cache_runtime.models.base import RandomWeights, Shard
     from cache_runtime.models.deepseek import DeepseekV3ForCausalLM
     from cache_runtime.models.llama import LlamaForCausalLM
     from cache_runtime.tokenization import ByteTokenizer, load_tokenizer
@@ -81,7 +82,7 @@ def load_model(model_path: str, dtype: "torch.dtype", device: "torch.device", ma
     cfg = resolve_config(model_path)
     family = DeepseekV3ForCausalLM if cfg.family == "deepseek" else LlamaForCausalLM
     if model_path in BUILTIN_CONFIGS:
-        model = family(cfg, RandomWeights(seed), dtype, device, max_positions)
+        model = family(cfg, RandomWeights(seed), dtype, device, max_positions, shard or Shard())
         return LoadedModel(cfg, model, ByteTokenizer())
     from cache_runtime.models.weights import CheckpointWeights
 
@@ -92,7 +93,7 @@ def load_model(model_path: str, dtype: "torch.dtype", device: "torch.device", ma
                               f"config.json vocab_size {cfg.vocab_size}")
     weights = CheckpointWeights(model_path)
     try:
-        model = family(cfg, weights, dtype, device, max_positions)
+        model = family(cfg, weights, dtype, device, max_positions, shard or Shard())
     finally:
         weights.close()
     return LoadedModel(cfg, model, tokenizer, generation)

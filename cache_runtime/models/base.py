@@ -3,19 +3,59 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from cache_runtime.models.config import ModelConfig
+from cache_runtime.models.config import CheckpointError, ModelConfig
+
+Span = tuple[int, int]
 from cache_runtime.models.layers import ForwardBatch, rms_norm
 
 
 class WeightSource(Protocol):
     def __contains__(self, name: str) -> bool: ...
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+            rows: Span | None = None, cols: Span | None = None) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's tensor-parallel rank: attention heads and MLP columns split evenly across
+    ranks (KV heads replicated when ranks outnumber them, as SGLang does), partial outputs summed."""
+
+    rank: int = 0
+    world: int = 1
+
+    def span(self, n: int, what: str) -> Span:
+        if n % self.world:
+            raise CheckpointError(f"--tp-size {self.world} does not divide {what} {n} (config.json)")
+        per = n // self.world
+        return self.rank * per, (self.rank + 1) * per
+
+    def kv_span(self, num_kv_heads: int) -> Span:
+        """KV heads this rank holds: its share, or the one head its query heads use when replicated."""
+        if num_kv_heads >= self.world:
+            return self.span(num_kv_heads, "num_key_value_heads")
+        if self.world % num_kv_heads:
+            raise CheckpointError(f"--tp-size {self.world} is neither a divisor nor a multiple of "
+                                  f"num_key_value_heads {num_kv_heads} (config.json)")
+        head = self.rank // (self.world // num_kv_heads)
+        return head, head + 1
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(partial)
+        return partial
+
+
+def rows_of(span: Span, width: int) -> Span:
+    """Rows of a weight whose output is ``width`` wide per head, for heads ``span``."""
+    return span[0] * width, span[1] * width
 
 
 class RandomWeights:
@@ -31,18 +71,26 @@ class RandomWeights:
     def __contains__(self, name: str) -> bool:
         return not name.endswith(".bias")
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+            rows: Span | None = None, cols: Span | None = None) -> torch.Tensor:
         if "norm" in name:
-            return torch.ones(shape, dtype=dtype, device=device)
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + sum(map(ord, name)) * 7919 + len(name))
-        std = 1.0 if "embed_tokens" in name else 1.0 / math.sqrt(shape[-1])
-        return (torch.randn(shape, generator=gen) * std).to(device=device, dtype=dtype)
+            t = torch.ones(shape)
+        else:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + sum(map(ord, name)) * 7919 + len(name))
+            std = 1.0 if "embed_tokens" in name else 1.0 / math.sqrt(shape[-1])
+            t = torch.randn(shape, generator=gen) * std
+        if rows is not None:
+            t = t[rows[0] : rows[1]]
+        if cols is not None:
+            t = t[:, cols[0] : cols[1]]
+        return t.to(device=device, dtype=dtype).contiguous()
 
 
 class CausalLM:
     """A decoder whose K/V live in the engine's L1 pool; subclasses hold one architecture family."""
 
     cfg: ModelConfig
+    shard: Shard
     dtype: torch.dtype
     device: torch.device
     embed: torch.Tensor

@@ -3,7 +3,9 @@
 One decoder with the family's switches from config.json: q/k/v(/o) biases (Llama's
 ``attention_bias``, Qwen2 always on q/k/v), MLP biases (Llama's ``mlp_bias``), per-head q/k
 RMSNorm before RoPE (Qwen3), sliding-window layers (Mistral, Qwen2/3 ``use_sliding_window``),
-GQA, tied embeddings. q/k/v and gate/up are fused into one matmul each at load.
+GQA, tied embeddings. q/k/v and gate/up are fused into one matmul each at load. Under tensor
+parallelism a rank holds its query heads, their KV heads and its share of the MLP; the o_proj
+and down_proj partial sums are all-reduced and their biases added once, after the sum.
 """
 
 from __future__ import annotations
@@ -11,55 +13,65 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cache_runtime.models.base import CausalLM, WeightSource
+from cache_runtime.models.base import CausalLM, Shard, WeightSource, rows_of
 from cache_runtime.models.config import ModelConfig
 from cache_runtime.models.layers import ForwardBatch, paged_attention, rms_norm, write_kv
 from cache_runtime.models.rope import Rotary
 
 
 class _Layer:
-    def __init__(self, cfg: ModelConfig, i: int, w: WeightSource, dt: torch.dtype, dev: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, i: int, w: WeightSource, dt: torch.dtype, dev: torch.device,
+                 sh: Shard) -> None:
         p = f"model.layers.{i}."
         H, D, nq, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-        get = lambda name, shape: w.get(p + name, shape, dt, dev)  # noqa: E731
+
+        def get(name, shape, rows=None, cols=None):
+            return w.get(p + name, shape, dt, dev, rows=rows, cols=cols)
+
+        q_rows, kv_rows = rows_of(sh.span(nq, "num_attention_heads"), D), rows_of(sh.kv_span(nkv), D)
+        shapes = {"q": ((nq * D, H), q_rows), "k": ((nkv * D, H), kv_rows), "v": ((nkv * D, H), kv_rows)}
         self.ln1 = get("input_layernorm.weight", (H,))
         self.ln2 = get("post_attention_layernorm.weight", (H,))
-        shapes = {"q": (nq * D, H), "k": (nkv * D, H), "v": (nkv * D, H)}
-        self.wqkv = torch.cat([get(f"self_attn.{x}_proj.weight", s) for x, s in shapes.items()])
+        self.wqkv = torch.cat([get(f"self_attn.{x}_proj.weight", s, rows=r) for x, (s, r) in shapes.items()])
         self.bqkv = None
         if cfg.attention_bias or cfg.qkv_bias:
-            self.bqkv = torch.cat([get(f"self_attn.{x}_proj.bias", (s[0],)) for x, s in shapes.items()])
-        self.wo = get("self_attn.o_proj.weight", (H, nq * D))
+            self.bqkv = torch.cat([get(f"self_attn.{x}_proj.bias", (s[0],), rows=r) for x, (s, r) in shapes.items()])
+        self.wo = get("self_attn.o_proj.weight", (H, nq * D), cols=q_rows)
         self.bo = get("self_attn.o_proj.bias", (H,)) if cfg.attention_bias else None
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = get("self_attn.q_norm.weight", (D,))
             self.k_norm = get("self_attn.k_norm.weight", (D,))
         I = cfg.intermediate_size  # noqa: E741
-        self.w_gate_up = torch.cat([get("mlp.gate_proj.weight", (I, H)), get("mlp.up_proj.weight", (I, H))])
-        self.w_down = get("mlp.down_proj.weight", (H, I))
+        cols = sh.span(I, "intermediate_size")
+        self.w_gate_up = torch.cat([get("mlp.gate_proj.weight", (I, H), rows=cols),
+                                    get("mlp.up_proj.weight", (I, H), rows=cols)])
+        self.w_down = get("mlp.down_proj.weight", (H, I), cols=cols)
         self.b_gate_up = self.b_down = None
         if cfg.mlp_bias:
-            self.b_gate_up = torch.cat([get("mlp.gate_proj.bias", (I,)), get("mlp.up_proj.bias", (I,))])
+            self.b_gate_up = torch.cat([get("mlp.gate_proj.bias", (I,), rows=cols),
+                                        get("mlp.up_proj.bias", (I,), rows=cols)])
             self.b_down = get("mlp.down_proj.bias", (H,))
         self.window = cfg.window(i)
+        self.heads = ((q_rows[1] - q_rows[0]) // D, (kv_rows[1] - kv_rows[0]) // D)
 
 
 class LlamaForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig, weights: WeightSource, dtype: torch.dtype, device: torch.device,
-                 max_positions: int) -> None:
-        self.cfg, self.dtype, self.device = cfg, dtype, device
+                 max_positions: int, shard: Shard = Shard()) -> None:
+        self.cfg, self.dtype, self.device, self.shard = cfg, dtype, device, shard
         self._load_embeddings(weights)
-        self.layers = [_Layer(cfg, i, weights, dtype, device) for i in range(cfg.num_layers)]
+        self.layers = [_Layer(cfg, i, weights, dtype, device, shard) for i in range(cfg.num_layers)]
         self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, device)
         self.scale = cfg.head_dim ** -0.5
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, k_pool: list[torch.Tensor], v_pool: list[torch.Tensor] | None
                 ) -> torch.Tensor:
-        cfg = self.cfg
+        cfg, sh = self.cfg, self.shard
         n = batch.input_ids.shape[0]
-        D, nq, nkv, eps = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps
+        D, eps = cfg.head_dim, cfg.rms_norm_eps
+        nq, nkv = self.layers[0].heads
         h = F.embedding(batch.input_ids, self.embed)
         rot = self.rotary.table(batch.positions, self.dtype)
         for i, L in enumerate(self.layers):
@@ -74,7 +86,9 @@ class LlamaForCausalLM(CausalLM):
             write_kv(k_pool[i], batch.out_slots, k)
             write_kv(v_pool[i], batch.out_slots, v)
             attn = paged_attention(q, k_pool[i], v_pool[i], batch.plan(L.window), self.scale)
-            h = h + F.linear(attn.reshape(n, nq * D), L.wo, L.bo)
+            o = sh.reduce(F.linear(attn.reshape(n, nq * D), L.wo))
+            h = h + (o if L.bo is None else o + L.bo)
             gate, up = F.linear(rms_norm(h, L.ln2, eps), L.w_gate_up, L.b_gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, L.w_down, L.b_down)
+            down = sh.reduce(F.linear(F.silu(gate) * up, L.w_down))
+            h = h + (down if L.b_down is None else down + L.b_down)
         return self._logits(h, batch)

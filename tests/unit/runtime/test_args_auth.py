@@ -43,6 +43,8 @@ def test_mooncake_rewrites_layer_first(io, layout):
     ({"hicache_storage_backend": "file"}, "needs --enable-hierarchical-cache"),
     ({"page_size": 0}, "page-size"),
     ({"hicache_storage_backend_extra_config": "{nope"}, "not valid JSON"),
+    ({"pp_size": 2}, "--pp-size 2: the bundled runtime runs tensor parallelism only"),
+    ({"dp_size": 4}, "--dp-size 4: the bundled runtime runs tensor parallelism only"),
 ])
 def test_bad_flags_fail_with_a_clear_message(overrides, msg):
     with pytest.raises(ValueError, match=msg):

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from cache_runtime.policies import PrefetchConfig
+from cache_runtime.storage_io import RankedStorage
 from cache_runtime.sampling import SamplingParams
 from cache_runtime.scheduler import Request
 from cache_runtime.storage.base import HiCacheStorageConfig, StorageUnavailable
@@ -74,7 +75,7 @@ def _seeded_engine(engines, tmp_path, policy, ids):
 def _swap_backend(engine, backend, policy):
     def swap():
         engine.cache.detach_storage()
-        engine.cache.attach_storage("file", backend, PrefetchConfig(policy=policy, threshold=8, timeout_base=0.05,
+        engine.cache.attach_storage("file", RankedStorage([backend], engine.rank_hosts), PrefetchConfig(policy=policy, threshold=8, timeout_base=0.05,
                                                                      timeout_per_ki_token=0.0), {})
     on_engine(engine, swap)
 

@@ -4,8 +4,8 @@ SGLang-compatibility mode with the same ARGS.
 The podrunner puts this directory on PYTHONPATH, so `engine: sglang` pods, whose command the
 operator renders exactly as for real SGLang, run as real processes that speak only SGLang's
 routes (no drain switch, no /ready, no /load): the operator is tested against SGLang's API
-without a GPU. Flags the bundled runtime does not take are dropped, and a model that is not a
-built-in one is served by builtin:tiny, each with a note on stderr.
+without a GPU. Flags the bundled runtime does not take are dropped, parallelism runs as one rank,
+and a model that is not a built-in one is served by builtin:tiny, each with a note on stderr.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import os
 import sys
 
 IGNORED = {"--enable-metrics": 0}  # flag -> number of values it takes (our runtime always serves /metrics)
+ONE_RANK = ("--tp-size", "--dp-size", "--pp-size")  # a stand-in process, not the GPUs the pod asks for
 
 
 def main(argv: list[str]) -> None:
@@ -22,6 +23,11 @@ def main(argv: list[str]) -> None:
         if argv[i] == "--model-path" and i + 1 < len(argv) and not argv[i + 1].startswith("builtin:"):
             print(f"sglang shim: serving {argv[i + 1]} with builtin:tiny", file=sys.stderr)
             args += ["--model-path", "builtin:tiny"]
+            i += 2
+            continue
+        if argv[i] in ONE_RANK and i + 1 < len(argv):
+            print(f"sglang shim: {argv[i]} {argv[i + 1]} runs as 1", file=sys.stderr)
+            args += [argv[i], "1"]
             i += 2
             continue
         if argv[i] in IGNORED:
