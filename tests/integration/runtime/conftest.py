@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -21,6 +22,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def sse_events(resp: httpx.Response) -> list:
+    """The ``data:`` payloads of a server-sent-events response, JSON-decoded ("[DONE]" kept as is)."""
+    out = []
+    for line in resp.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
 
 
 class ServerProcess:

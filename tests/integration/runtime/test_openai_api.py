@@ -15,18 +15,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from cache_runtime.synth.checkpoint import write_checkpoint
+from tests.integration.runtime.conftest import sse_events
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
 
 
 def _events(resp: httpx.Response) -> list:
     assert resp.status_code == 200, resp.read()
-    out = []
-    for line in resp.iter_lines():
-        if line.startswith("data: "):
-            payload = line[len("data: "):]
-            out.append(payload if payload == "[DONE]" else json.loads(payload))
-    return out
+    return sse_events(resp)
 
 
 def _stream(client: httpx.Client, path: str, body: dict) -> list:

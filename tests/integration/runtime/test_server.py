@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from tests.integration.runtime.conftest import ADMIN_KEY, API_KEY
+from tests.integration.runtime.conftest import ADMIN_KEY, API_KEY, sse_events
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 PROMPT = "The hierarchical cache keeps KV pages in device memory, host memory and storage. " * 4
@@ -27,12 +27,7 @@ def sglang_server(start_server):
 
 
 def _events(resp: httpx.Response) -> list:
-    out = []
-    for line in resp.iter_lines():
-        if line.startswith("data: "):
-            payload = line[len("data: "):]
-            out.append(payload if payload == "[DONE]" else json.loads(payload))
-    return out
+    return sse_events(resp)
 
 
 def test_generate_reports_cached_tokens_on_repeated_prefix(server):

@@ -9,7 +9,6 @@ cover the environment itself (tojson, generation blocks, special-token variables
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from cache_runtime.models.config import CheckpointError
 from cache_runtime.synth.tokenizer import CHAT_TEMPLATES, write_tokenizer
 from cache_runtime.tokenization import ChatTemplateError, load_tokenizer
+from tests.unit.runtime.test_tokenization import copy_dir
 
 transformers = pytest.importorskip("transformers")
 
@@ -56,19 +56,6 @@ CONVERSATIONS = {
         {"role": "assistant", "content": "Paris 18 C, Oslo 9 C.", "tool_calls": None},
     ],
 }
-
-
-def copy_dir(src: Path, dst: Path, **config_changes) -> Path:
-    shutil.copytree(src, dst)
-    path = dst / "tokenizer_config.json"
-    config = json.loads(path.read_text())
-    for key, value in config_changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    path.write_text(json.dumps(config))
-    return dst
 
 
 @pytest.fixture(scope="module")
