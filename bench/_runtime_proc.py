@@ -1,9 +1,13 @@
-"""Starting and stopping a real ``python -m cache_runtime serve`` for the runtime benchmarks."""
+"""Starting and stopping a real ``python -m cache_runtime serve`` for the runtime benchmarks, and what
+the benchmarks share about it: the demo checkpoint, the weight bytes a decode step reads, peak RSS."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -12,12 +16,104 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+# The demo checkpoint (python -m cache_runtime.synth --preset demo): random weights, Llama-3 KV geometry,
+# ~247 M parameters in bf16. Written on first use; the synth CLI leaves an up-to-date one alone.
+# the embedded default checkpoint scripts/setup.sh writes (written here too when absent)
+MODELS_DIR = Path(os.environ.get("HICACHE_MODELS_DIR") or Path.home() / ".cache" / "hicache-operator" / "models")
+DEMO_CHECKPOINT = MODELS_DIR / "demo"
+_DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1, "BOOL": 1}
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ensure_demo_checkpoint(path: Path = DEMO_CHECKPOINT) -> Path:
+    """The demo checkpoint at ``path``, written by the synth CLI if missing or stale (a no-op otherwise)."""
+    subprocess.run([sys.executable, "-m", "cache_runtime.synth", "--preset", "demo", "--out", str(path)],
+                   cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+def resolve_model_path(value: str | None) -> str:
+    """``None`` or ``demo``: the demo checkpoint (written if absent); ``builtin:*`` or a directory as given."""
+    if value in (None, "demo"):
+        return str(ensure_demo_checkpoint())
+    return value
+
+
+def _safetensors_headers(model_dir: Path) -> dict[str, dict]:
+    tensors: dict[str, dict] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        header.pop("__metadata__", None)
+        tensors.update(header)
+    return tensors
+
+
+def matmul_weight_bytes(model_dir: str | Path, dtype_bytes: int | None = None) -> dict:
+    """Bytes of every matmul weight a decode step reads (2-D ``*.weight`` tensors, the LM head included;
+    the input embedding is a row lookup, not read whole), at the checkpoint's dtype or ``dtype_bytes``."""
+    tensors = _safetensors_headers(Path(model_dir))
+    params = embed = 0
+    stored = 0
+    for name, t in tensors.items():
+        if not name.endswith(".weight") or len(t["shape"]) != 2:
+            continue
+        numel = 1
+        for d in t["shape"]:
+            numel *= d
+        if "embed_tokens" in name:
+            embed += numel
+            continue
+        params += numel
+        stored += numel * _DTYPE_BYTES[t["dtype"]]
+    total = sum(_numel(t["shape"]) for t in tensors.values())
+    return {"matmul_params": params, "embedding_params": embed, "total_params": total,
+            "matmul_weight_bytes": params * dtype_bytes if dtype_bytes else stored}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """VmHWM (peak resident set) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def machine_info() -> dict:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "mem_bytes": mem, "loadavg_at_start": os.getloadavg(),
+            "python": platform.python_version()}
 
 
 class Runtime:
@@ -31,7 +127,7 @@ class Runtime:
              *flags],
             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
             stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a real checkpoint loads in seconds, but 2 busy cores stretch that
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"runtime exited ({self.proc.returncode}); see {log_path}")
@@ -43,6 +139,13 @@ class Runtime:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"runtime did not become healthy; see {log_path}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def peak_rss_bytes(self) -> int | None:
+        return peak_rss_bytes(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -1,23 +1,39 @@
 """Multi-turn chat benchmark of the bundled runtime, in the shape of SGLang's bench_multiturn.
 
+Model: the demo checkpoint by default (``--model-path demo``: ``python -m cache_runtime.synth --preset
+demo``, a random-weight LlamaForCausalLM with Llama-3 KV geometry, 64 KiB of bf16 KV per token, written
+into ``~/.cache/hicache-operator/models/demo`` when absent, as scripts/setup.sh does); ``--model-path builtin:tiny`` or any checkpoint directory
+also works. The defaults are sized for a 2-core CPU machine (~6 minutes for 3 repeats there): 8
+clients, 3 rounds, a 512-token document each, one request in flight, so each TTFT is the server's
+prefill of what it does not hold and not queueing.
+
 Why this shape: a KV cache pays off when re-reading KV is cheaper than recomputing it, i.e. when
 the time to first token is dominated by prefilling a long shared context. So each of
 ``--num-clients`` conversations starts from a system prompt shared by all clients plus a
-per-client document (``--context-length`` tokens, a few thousand in all), then asks
-``--num-rounds`` short questions (``--request-length`` new tokens each) with short answers
-(``--output-length``, default 4, so TTFT is prefill, not decode). Concurrency is low
-(``--max-parallel`` 2) so that server-side queueing does not drown the prefill cost. Each
+per-client document (``--context-length`` tokens), then asks ``--num-rounds`` short questions
+(``--request-length`` new tokens each) with short answers (``--output-length``, default 4, so TTFT
+is prefill, not decode). Concurrency is low (``--max-parallel`` 1) so that server-side queueing
+does not drown the prefill cost. Each
 client's next turn joins a ready queue when its previous one returns (FIFO, as SGLang's
 default, or random); turns start as a Poisson process (``--request-rate``) with at most
-``--max-parallel`` in flight. The same workload runs against a fresh server per configuration:
+``--max-parallel`` in flight. The same workload runs against a fresh server per configuration
+(``--configs``, default l1,l1_l2,l1_l2_l3_file), any of:
 
   no_cache (--disable-radix-cache), l1, l1_l2, l1_l2_l3_file, l1_l2_l3_mooncake
 
-with L1 below 30% of the working set. By default L2 (``--hicache-ratio`` 4) holds the whole working
+with L1 below 30% of the working set (``--l1-fraction`` 0.25 by default). Goal: L1+L2 TTFT p50
+<= 0.3 x L1-only. By default L2 (``--hicache-ratio`` 4) holds the whole working
 set, which isolates how well L1+L2 keeps what fits; L3 then adds no hits, only its backup cost.
 ``--hicache-ratio 2 --ready-queue-policy random`` makes L2 too small, so L3 hits show. Every
 config runs ``--repeats`` times (new prompts each time, so L3 contents of one repeat never help
 the next; L1+L2 flushed before each), interleaved, and the tables show medians.
+
+Shared L3 (``--configs`` with l1_l2_l3_file, unless ``--no-l3-share``): after each repeat of
+l1_l2_l3_file, once its L3 writes have settled, a second runtime process (fresh: L1/L2 cold) on the same
+L3 directory replays that repeat's requests (same prompts, same order, one at a time), and so does a
+fresh process with no L3 (l1_l2) for the cold reference. Goal: shared-L3 TTFT p50 <= 0.5 x cold.
+
+Memory: each runtime's peak RSS (VmHWM from /proc) against weights + its L1 and L2 pools + 1 GiB.
 
 TTFT is measured client-side with streaming (request sent -> first token event). Hit rates
 come from each response's ``cached_tokens_details``.
@@ -28,7 +44,7 @@ radix pages (chained page keys, so a page only counts when its whole prefix is c
 L1+L2 tokens, and sized L2 alone. HiCache's L2 is inclusive (write_through keeps a copy of every
 L1 page in L2), so L2 alone is the capacity it can actually hold distinct pages in.
 
-    python bench/multiturn.py [--json-out bench/results/multiturn.json]
+    python bench/multiturn.py [--model-path demo|builtin:tiny|DIR] [--json-out bench/results/multiturn.json]
 """
 
 from __future__ import annotations
@@ -51,33 +67,40 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import Runtime, free_port  # noqa: E402
+from _runtime_proc import Runtime, free_port, machine_info, matmul_weight_bytes, resolve_model_path  # noqa: E402
 
 CONFIGS = ("no_cache", "l1", "l1_l2", "l1_l2_l3_file", "l1_l2_l3_mooncake")
+DEFAULT_CONFIGS = ("l1", "l1_l2", "l1_l2_l3_file")
+GOAL_L1_L2_TTFT_RATIO = 0.3
+GOAL_SHARED_L3_TTFT_RATIO = 0.5
+RSS_SLACK_BYTES = 1 << 30
 DIAG_METRICS = ("sglang:evicted_tokens", "sglang:load_back_tokens", "hicache_l2_backup_tokens",
                 "hicache_l2_evicted_tokens", "sglang:prefetched_tokens", "sglang:backuped_tokens")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-path", default="builtin:tiny")
-    p.add_argument("--num-clients", type=int, default=10)
-    p.add_argument("--num-rounds", type=int, default=4)
+    p.add_argument("--model-path", default="demo", help="demo (the synthesized demo checkpoint), builtin:tiny, or a "
+                                                       "checkpoint directory")
+    p.add_argument("--num-clients", type=int, default=8)
+    p.add_argument("--num-rounds", type=int, default=3)
     p.add_argument("--system-prompt-length", type=int, default=256, help="tokens shared by every client")
-    p.add_argument("--context-length", type=int, default=2048, help="per-client document in the first turn")
+    p.add_argument("--context-length", type=int, default=512, help="per-client document in the first turn")
     p.add_argument("--request-length", type=int, default=64, help="new tokens per turn")
     p.add_argument("--output-length", type=int, default=4)
-    p.add_argument("--max-parallel", type=int, default=2)
+    p.add_argument("--max-parallel", type=int, default=1)
     p.add_argument("--request-rate", type=float, default=16.0, help="Poisson turn starts per second")
     p.add_argument("--ready-queue-policy", choices=("fifo", "random"), default="fifo")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--l1-fraction", type=float, default=0.25, help="L1 size / working set (must stay < 0.3)")
     p.add_argument("--hicache-ratio", type=float, default=4.0, help="L2 size / L1 size")
     p.add_argument("--prefetch-policy", default="timeout")
-    p.add_argument("--cpu-threads", type=int, default=1)
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--cpu-threads", type=int, default=2)
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"any of {', '.join(CONFIGS)}")
+    p.add_argument("--no-l3-share", action="store_true",
+                   help="skip the second-process shared-L3 replay after each l1_l2_l3_file repeat")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=int, default=2,
                    help="runs of every config (new prompts each, caches flushed between); the report shows medians")
     p.add_argument("--json-out", default=None)
     a = p.parse_args(argv)
@@ -334,7 +357,10 @@ def start_mooncake_master(workdir: Path):
     return None, "mooncake_master did not open its RPC port"
 
 
-def server_flags(name: str, a, workdir: Path, mooncake_rpc: int | None) -> tuple[list[str], dict]:
+def server_flags(name: str, a, workdir: Path, mooncake_rpc: int | None, fresh_store: bool = True
+                 ) -> tuple[list[str], dict]:
+    """Flags of config ``name``; l1_l2_l3_file keeps its pages in ``workdir/l3-file``, emptied unless
+    ``fresh_store`` is False (a second process that shares the first one's L3)."""
     flags = ["--model-path", a.model_path, "--page-size", str(a.page_size), "--max-total-tokens", str(l1_tokens(a)),
              "--max-running-requests", str(a.max_parallel), "--cpu-threads", str(a.cpu_threads)]
     env: dict = {}
@@ -348,7 +374,8 @@ def server_flags(name: str, a, workdir: Path, mooncake_rpc: int | None) -> tuple
     extra = {"prefetch_threshold": 2 * a.page_size}
     if name == "l1_l2_l3_file":
         store = workdir / "l3-file"
-        shutil.rmtree(store, ignore_errors=True)
+        if fresh_store:
+            shutil.rmtree(store, ignore_errors=True)
         extra["storage_dir"] = str(store)
         backend = "file"
     else:
@@ -361,6 +388,82 @@ def server_flags(name: str, a, workdir: Path, mooncake_rpc: int | None) -> tuple
     return flags, env
 
 
+def wait_storage_settled(url: str, timeout: float = 120.0, quiet_s: float = 2.0) -> float:
+    """Waits until the L2 -> L3 writes of a server stop (sglang:backuped_tokens unchanged for ``quiet_s``
+    while idle); returns the tokens written. /flush_cache would cancel pending ones, so never flush first."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = scrape(url).get("sglang:backuped_tokens", 0.0)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return now
+        time.sleep(0.25)
+    return last or 0.0
+
+
+async def replay(url: str, requests: list[dict], out_len: int) -> list[dict]:
+    """The recorded requests again, in send order, one at a time: each TTFT is that server's own work."""
+    out = []
+    async with httpx.AsyncClient(base_url=url, timeout=600, trust_env=False) as client:
+        t0 = time.perf_counter()
+        for r in sorted(requests, key=lambda r: r["t_send"]):
+            res = await one_request(client, r["input_ids"], out_len, t0)
+            out.append({**res, "client": r["client"], "round": r["round"], "input_ids": r["input_ids"]})
+    return out
+
+
+def replay_summary(results: list[dict], num_rounds: int) -> dict:
+    prompt = sum(r["meta"]["prompt_tokens"] for r in results) or 1
+    return {
+        "requests": len(results),
+        "ttft_p50_s": percentile([r["ttft"] for r in results], 0.5),
+        "ttft_p90_s": percentile([r["ttft"] for r in results], 0.9),
+        "ttft_p50_by_round_s": {rnd: percentile([r["ttft"] for r in results if r["round"] == rnd], 0.5)
+                                for rnd in range(1, num_rounds + 1)},
+        "hit_rate": sum(r["meta"]["cached_tokens"] for r in results) / prompt,
+        "hit_rate_storage": sum(r["meta"]["cached_tokens_details"]["storage"] for r in results) / prompt,
+        "hit_rate_host": sum(r["meta"]["cached_tokens_details"]["host"] for r in results) / prompt,
+    }
+
+
+def process_memory(server: Runtime) -> dict:
+    """Peak and current RSS of a live runtime (VmHWM, VmRSS, RssAnon, RssFile from /proc/<pid>/status)."""
+    out = {}
+    try:
+        with open(f"/proc/{server.pid}/status") as f:
+            for line in f:
+                key = line.split(":", 1)[0]
+                if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                    out[key] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def memory_budget(url: str, model_path: str) -> dict:
+    """Weights + the L1 and L2 pools this server allocated (from /server_info) + 1 GiB."""
+    info = httpx.get(url + "/server_info", timeout=10, trust_env=False).json()
+    from cache_runtime.models import resolve_config
+    from cache_runtime.models.config import kv_bytes_per_token
+
+    cfg = resolve_config(model_path)
+    kv_token = kv_bytes_per_token(cfg, info["kv_cache_dtype_effective"])
+    dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}[info["dtype_effective"]]
+    if Path(model_path).is_dir():
+        params = matmul_weight_bytes(model_path)["total_params"]
+    else:  # a builtin Llama toy: its tensors from the config
+        H, D, I, L = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.num_layers
+        per_layer = H * (cfg.num_heads + 2 * cfg.num_kv_heads) * D + cfg.num_heads * D * H + 3 * H * I + 2 * H
+        params = L * per_layer + cfg.vocab_size * H * (1 if cfg.tie_word_embeddings else 2) + H
+    weights = params * dtype_bytes
+    l1 = info["hicache"]["device_pool_tokens"] * kv_token
+    l2 = info["hicache"]["host_pool_tokens"] * kv_token
+    return {"weights_bytes": weights, "l1_pool_bytes": l1, "l2_pool_bytes": l2, "slack_bytes": RSS_SLACK_BYTES,
+            "budget_bytes": weights + l1 + l2 + RSS_SLACK_BYTES}
+
+
 def capacity_bounds(name: str, a) -> dict[str, int]:
     l1, l2 = l1_tokens(a), l2_tokens(a)
     if name == "no_cache":
@@ -371,6 +474,73 @@ def capacity_bounds(name: str, a) -> dict[str, int]:
     if name.startswith("l1_l2_l3"):
         bounds["unbounded"] = 1 << 40
     return bounds
+
+
+# ----------------------------------------------------------------------------- shared L3
+def shared_l3_phase(first: Runtime, reqs: list[dict], a, workdir: Path, rep: int, memory: dict) -> dict:
+    """A second process on the first one's L3 directory replays the first one's requests (its L1/L2 cold),
+    then a fresh process with no L3 does the same (the cold reference). Each is started and stopped here."""
+    written = wait_storage_settled(first.url)
+    out: dict = {"repeat": rep + 1, "backuped_tokens_settled": written, "errors": 0}
+    for role, name, fresh in (("shared_l3", "l1_l2_l3_file", False), ("cold", "l1_l2", True)):
+        flags, env = server_flags(name, a, workdir, None, fresh_store=fresh)
+        server = Runtime(flags, workdir / f"share-{role}-{rep}.log", env)
+        try:
+            try:
+                res = asyncio.run(replay(server.url, reqs, a.output_length))
+            except Exception as exc:
+                out["errors"] += 1
+                out[f"{role}_error"] = f"{type(exc).__name__}: {exc}"
+                print(f"[{role} #{rep + 1}] failed: {exc}", flush=True)
+                continue
+            out[role] = replay_summary(res, a.num_rounds)
+            memory[f"share_{role}"] = {**process_memory(server), **memory_budget(server.url, a.model_path)}
+        finally:
+            server.stop()
+        r = out[role]
+        print(f"[{role} #{rep + 1}] ttft p50 {r['ttft_p50_s']:.3f} s (round 1 {r['ttft_p50_by_round_s'][1]:.3f} s), "
+              f"hit rate {r['hit_rate']:.3f} (storage {r['hit_rate_storage']:.3f})", flush=True)
+    if "shared_l3" in out and "cold" in out:
+        out["ratio_ttft_p50"] = out["shared_l3"]["ttft_p50_s"] / out["cold"]["ttft_p50_s"]
+        out["ratio_ttft_p50_round1"] = (out["shared_l3"]["ttft_p50_by_round_s"][1]
+                                        / out["cold"]["ttft_p50_by_round_s"][1])
+    return out
+
+
+def summarise_share(runs: list[dict]) -> dict | None:
+    ok = [r for r in runs if "ratio_ttft_p50" in r]
+    if not ok:
+        return {"runs": runs}
+
+    def spread(vals):
+        return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "values": vals}
+
+    return {"ratio_ttft_p50": spread([r["ratio_ttft_p50"] for r in ok]),
+            "ratio_ttft_p50_round1": spread([r["ratio_ttft_p50_round1"] for r in ok]),
+            "shared_l3_ttft_p50_s": statistics.median(r["shared_l3"]["ttft_p50_s"] for r in ok),
+            "cold_ttft_p50_s": statistics.median(r["cold"]["ttft_p50_s"] for r in ok),
+            "shared_l3_hit_rate_storage": statistics.median(r["shared_l3"]["hit_rate_storage"] for r in ok),
+            "runs": runs}
+
+
+def print_share_and_memory(share: dict | None, memory: dict) -> None:
+    if share and "ratio_ttft_p50" in share:
+        r, r1 = share["ratio_ttft_p50"], share["ratio_ttft_p50_round1"]
+        print(f"\nshared L3: second process TTFT p50 {share['shared_l3_ttft_p50_s']:.3f} s vs cold "
+              f"{share['cold_ttft_p50_s']:.3f} s = {r['median']:.3f} x (min {r['min']:.3f}, max {r['max']:.3f}; "
+              f"goal <= {GOAL_SHARED_L3_TTFT_RATIO}: {r['median'] <= GOAL_SHARED_L3_TTFT_RATIO}); round 1 only "
+              f"{r1['median']:.3f} x; storage hit rate {share['shared_l3_hit_rate_storage']:.3f}")
+    if memory:
+        print(f"\n{'process':<24}{'peak RSS':>10}{'RSS now':>10}{'anon':>9}{'file':>9}{'budget':>10}"
+              f"  (weights + L1 + L2 + 1 GiB, GiB)")
+        g = 2 ** 30
+        for name, m in memory.items():
+            if "VmHWM" not in m:
+                continue
+            print(f"{name:<24}{m['VmHWM'] / g:>10.2f}{m['VmRSS'] / g:>10.2f}{m.get('RssAnon', 0) / g:>9.2f}"
+                  f"{m.get('RssFile', 0) / g:>9.2f}{m['budget_bytes'] / g:>10.2f}  "
+                  f"(= {m['weights_bytes'] / g:.2f} + {m['l1_pool_bytes'] / g:.2f} + {m['l2_pool_bytes'] / g:.2f} + 1) "
+                  f"{'ok' if m['VmHWM'] <= m['budget_bytes'] else 'OVER'}")
 
 
 # ----------------------------------------------------------------------------- report
@@ -407,7 +577,8 @@ def goals(results: dict[str, dict]) -> dict:
     return {
         "l1_l2_hit_rate_minus_lru_bound_per_repeat": gaps,
         "l1_l2_ttft_p50_ratio_to_l1": hier["ratio_to_l1"]["ttft_p50_s"],
-        "ttft_goal_met": hier["ttft_p50_s"] <= 0.5 * base["ttft_p50_s"],
+        "ttft_goal": GOAL_L1_L2_TTFT_RATIO,
+        "ttft_goal_met": hier["ttft_p50_s"] <= GOAL_L1_L2_TTFT_RATIO * base["ttft_p50_s"],
         "l1_l2_hit_rate_rounds2plus": hier["hit_rate_rounds2plus"],
         "lru_bound_l1_plus_l2_rounds2plus": bound,
         "hit_rate_goal_met": bool(gaps) and statistics.median(gaps) >= -0.02,
@@ -427,7 +598,11 @@ def _no_nan(v):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    a.model_path = resolve_model_path(a.model_path)
     ws, l1, l2 = working_set(a), l1_tokens(a), l2_tokens(a)
+    info = machine_info()
+    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['mem_bytes'] / 2**30:.0f} GiB; load avg "
+          f"{info['loadavg_at_start'][0]:.2f}")
     print(f"working set {ws} tokens; L1 {l1} tokens ({l1 / ws:.0%}); L2 {l2} tokens ({l2 / ws:.0%}); "
           f"{a.num_clients} clients x {a.num_rounds} rounds; model {a.model_path}")
     if l1 / ws >= 0.3:
@@ -435,6 +610,8 @@ def main(argv=None) -> int:
     runs: dict[str, list[dict]] = {}
     skipped: dict[str, str] = {}
     servers: dict[str, Runtime] = {}
+    memory: dict[str, dict] = {}
+    share_runs: list[dict] = []
     workdir = Path(tempfile.mkdtemp(prefix="bench-multiturn-"))
     mooncake = None
     try:
@@ -465,6 +642,10 @@ def main(argv=None) -> int:
                 runs.setdefault(name, []).append(r)
                 print(f"[{name} #{rep + 1}] {wall:.1f} s, ttft p50 {r['ttft_p50_s']:.3f} s, "
                       f"hit rate {r['hit_rate']:.3f}, errors {r['errors']}", flush=True)
+                if name == "l1_l2_l3_file" and not a.no_l3_share and not errors:
+                    share_runs.append(shared_l3_phase(servers[name], reqs, a, workdir, rep, memory))
+        for name, server in servers.items():
+            memory[name] = {**process_memory(server), **memory_budget(server.url, a.model_path)}
     finally:
         for server in servers.values():
             server.stop()
@@ -478,19 +659,29 @@ def main(argv=None) -> int:
             r["ratio_to_l1"] = {c: (r[c] / base[c] if base[c] else None) for c in COLS}
     print_tables(results)
     verdict = goals(results)
+    share = summarise_share(share_runs) if share_runs else None
+    if share:
+        verdict["shared_l3_ttft_p50_ratio_to_cold"] = share["ratio_ttft_p50"]["median"]
+        verdict["shared_l3_goal"] = GOAL_SHARED_L3_TTFT_RATIO
+        verdict["shared_l3_goal_met"] = share["ratio_ttft_p50"]["median"] <= GOAL_SHARED_L3_TTFT_RATIO
+    mem_ok = {name: m["VmHWM"] <= m["budget_bytes"] for name, m in memory.items() if "VmHWM" in m}
+    if mem_ok:
+        verdict["peak_rss_within_budget"] = mem_ok
     if verdict:
         print(f"\ngoals: L1+L2 TTFT p50 = {verdict['l1_l2_ttft_p50_ratio_to_l1']:.3f} x L1-only "
-              f"(<= 0.5: {verdict['ttft_goal_met']}); L1+L2 hit rate rounds >= 2 "
+              f"(<= {GOAL_L1_L2_TTFT_RATIO}: {verdict['ttft_goal_met']}); L1+L2 hit rate rounds >= 2 "
               f"{verdict['l1_l2_hit_rate_rounds2plus']:.4f} vs LRU(L1+L2) bound "
               f"{verdict['lru_bound_l1_plus_l2_rounds2plus']:.4f} (within 2 points: {verdict['hit_rate_goal_met']})")
-    report = {"params": vars(a), "working_set_tokens": ws, "l1_tokens": l1, "l2_tokens": l2,
-              "results": results, "goals": verdict, "skipped": skipped}
+    print_share_and_memory(share, memory)
+    report = {"params": vars(a), "machine": info, "working_set_tokens": ws, "l1_tokens": l1, "l2_tokens": l2,
+              "results": results, "shared_l3": share, "memory": memory, "goals": verdict, "skipped": skipped}
     if a.json_out:
         Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json_out).write_text(json.dumps(_no_nan(report), indent=2))
         print(f"\nwrote {a.json_out}")
     shutil.rmtree(workdir, ignore_errors=True)
-    return 1 if any(r["errors"] for r in results.values()) else 0
+    failed = any(r["errors"] for r in results.values()) or any(s.get("errors") for s in share_runs)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -137,6 +137,7 @@ class StorageWorker:
         self._wake()
 
     def _prefetch_loop(self) -> None:
+        torch.set_num_threads(1)  # page copies are memory-bound; the cores belong to the engine thread
         while True:
             op = self._prefetch_q.get()
             if op is None:
@@ -182,6 +183,7 @@ class StorageWorker:
                     op.completed_pages += 1
 
     def _backup_loop(self) -> None:
+        torch.set_num_threads(1)  # page copies are memory-bound; the cores belong to the engine thread
         while True:
             try:
                 op = self._backup_q.get(timeout=PROBE_INTERVAL_S)

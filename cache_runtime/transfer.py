@@ -105,6 +105,7 @@ class TransferWorker:
             torch.cuda.current_stream().synchronize()
 
     def _run(self) -> None:
+        torch.set_num_threads(1)  # copies are memory-bound; the cores belong to the engine thread
         while True:
             _, _, op = self._queue.get()
             if op is None:

@@ -2,8 +2,8 @@
 
 Attention always reads K/V back from the L1 pool, also for tokens computed in the same step, so
 a prefix served from L1, L2 or L3 feeds attention exactly the bytes a cold prefill writes.
-Decoding sequences are attended together (padded to the longest context, one SDPA call);
-prefill chunks one sequence at a time, causal within the chunk.
+Each sequence attends over its own gathered context: a decoding query in two small matmuls,
+a prefill chunk through SDPA, causal within the chunk.
 """
 
 from __future__ import annotations
@@ -54,34 +54,23 @@ def _allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> to
 
 
 class AttentionPlan:
+    """Per sequence: prefill chunks with their mask (None = plainly causal), decode rows with the
+    context slots their query attends (the last ``window`` positions under a sliding window)."""
+
     def __init__(self, seqs: list[SeqSpan], window: int | None, device: torch.device) -> None:
-        decode = [s for s in seqs if s.num_new == 1]
         self.prefill: list[tuple[SeqSpan, torch.Tensor | None]] = []
+        self.decode: list[tuple[int, torch.Tensor]] = []
         for s in seqs:
-            if s.num_new == 1:
-                continue
             ctx = s.ctx_slots.shape[0]
+            if s.num_new == 1:
+                slots = s.ctx_slots if window is None or window >= ctx else s.ctx_slots[ctx - window:]
+                self.decode.append((s.start, slots))
+                continue
             mask = None
             if ctx != s.num_new or window is not None and window < ctx:
                 q_pos = torch.arange(ctx - s.num_new, ctx, device=device)
                 mask = _allowed(q_pos, torch.arange(ctx, device=device), window)
             self.prefill.append((s, mask))
-        self.decode_rows = None
-        if decode:
-            lens = [s.ctx_slots.shape[0] for s in decode]
-            longest = max(lens)
-            self.decode_rows = torch.tensor([s.start for s in decode], device=device)
-            slots = torch.zeros(len(decode), longest, dtype=torch.int64, device=device)
-            for i, s in enumerate(decode):
-                slots[i, : lens[i]] = s.ctx_slots
-            self.decode_slots = slots
-            k_pos = torch.arange(longest, device=device)
-            lens_t = torch.tensor(lens, device=device)
-            mask = k_pos[None, :] < lens_t[:, None]
-            if window is not None:
-                mask &= k_pos[None, :] > (lens_t[:, None] - 1) - window
-            uniform = len(set(lens)) == 1 and (window is None or window >= longest)
-            self.decode_mask = None if uniform else mask[:, None, None, :]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -94,39 +83,55 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     scale: float) -> torch.Tensor:
     """q (N, Hq, Dk) over pool rows (slots, Hkv, Dk) / (slots, Hkv, Dv) -> (N, Hq, Dv).
 
-    Hq must be a multiple of Hkv (GQA/MQA). ``v_pool`` may be a view of ``k_pool`` (MLA's latent).
+    Hq must be a multiple of Hkv (GQA/MQA). ``v_pool`` may be a leading slice of ``k_pool``'s rows
+    (MLA's latent): it is then cut from the gathered keys instead of gathered again. Rows are
+    gathered with index_select (several times faster than advanced indexing on CPU).
     """
     n, hq, _ = q.shape
     out = q.new_empty(n, hq, v_pool.shape[-1])
     dt = q.dtype
+    v_in_k = v_pool.data_ptr() == k_pool.data_ptr() and v_pool.shape[-1] < k_pool.shape[-1]
+
+    def gather(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = k_pool.index_select(0, slots).to(dt)
+        v = k[..., : v_pool.shape[-1]] if v_in_k else v_pool.index_select(0, slots).to(dt)
+        return k, v
+
     for s, mask in plan.prefill:
+        k, v = gather(s.ctx_slots)
         qs = q[s.start : s.start + s.num_new].transpose(0, 1).unsqueeze(0)
-        ks = k_pool[s.ctx_slots].to(dt).transpose(0, 1).unsqueeze(0)
-        vs = v_pool[s.ctx_slots].to(dt).transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                           enable_gqa=True)
+        o = F.scaled_dot_product_attention(qs, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+                                           attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True)
         out[s.start : s.start + s.num_new] = o[0].transpose(0, 1)
-    if plan.decode_rows is not None:
-        out[plan.decode_rows] = _decode_attention(q[plan.decode_rows], k_pool[plan.decode_slots].to(dt),
-                                                  v_pool[plan.decode_slots].to(dt), plan.decode_mask, scale)
+    for row, slots in plan.decode:
+        k, v = gather(slots)
+        out[row] = _one_query(q[row], k, v, scale)
     return out
 
 
-def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                      scale: float) -> torch.Tensor:
-    """One query per sequence: q (B, Hq, D), k (B, L, Hkv, D), v (B, L, Hkv, Dv) -> (B, Hq, Dv).
+# Up to this many KV heads a decoding query runs one matmul pair per head, each reading its
+# keys and values in place (strided rows of the gathered context); with more heads the per-call
+# cost outweighs the copy a single batched matmul over all heads makes of them.
+_PER_HEAD_MAX_KV_HEADS = 8
 
-    Plain matmuls with each KV head's query group stacked, softmax in float32: for a single query
-    this is several times faster on CPU than SDPA's flash kernel.
-    """
-    B, Hq, D = q.shape
-    L, Hkv = k.shape[1], k.shape[2]
-    scores = torch.matmul(q.view(B, Hkv, Hq // Hkv, D), k.permute(0, 2, 3, 1)).float() * scale  # (B, Hkv, g, L)
-    if mask is not None:
-        scores.masked_fill_(~mask.view(B, 1, 1, L), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v.transpose(1, 2)).reshape(B, Hq, v.shape[-1])
+
+def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q (Hq, D) over k (L, Hkv, D), v (L, Hkv, Dv) -> (Hq, Dv), softmax in float32: each KV
+    head's query group against that head's keys (on CPU several times faster than SDPA's
+    kernel for a single query)."""
+    hq, d = q.shape
+    hkv = k.shape[1]
+    groups = q.view(hkv, hq // hkv, d)
+    if hkv > _PER_HEAD_MAX_KV_HEADS:
+        scores = torch.matmul(groups, k.permute(1, 2, 0)).float() * scale  # (Hkv, g, L)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        return torch.matmul(probs, v.transpose(0, 1)).reshape(hq, v.shape[-1])
+    out = q.new_empty(hkv, hq // hkv, v.shape[-1])
+    for h in range(hkv):
+        probs = torch.softmax(torch.mm(groups[h], k[:, h].t()).float() * scale, dim=-1).to(v.dtype)
+        torch.mm(probs, v[:, h], out=out[h])
+    return out.view(hq, v.shape[-1])
 
 
 def write_kv(pool: torch.Tensor, slots: torch.Tensor, value: torch.Tensor) -> None:
-    pool[slots] = value.to(pool.dtype)
+    pool.index_copy_(0, slots, value.to(pool.dtype))

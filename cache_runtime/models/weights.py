@@ -2,8 +2,8 @@
 
 Single-file (``model.safetensors``) and sharded (``model.safetensors.index.json``) layouts. Each
 tensor is checked for presence, shape and a loadable dtype before it is converted, so a bad
-checkpoint fails at start with one message naming the file and the tensor; only the converted
-copy stays in memory (the file pages are the page cache's, not the process's).
+checkpoint fails at start with one message naming the file and the tensor. Every tensor is
+copied out of the mapping, and the files are closed after loading: only the copies stay resident.
 """
 
 from __future__ import annotations
@@ -109,7 +109,9 @@ class CheckpointWeights:
             t = sl[:, cols[0]:cols[1]]
         else:
             t = sl[:]
-        return t.to(device=device, dtype=dtype).contiguous()
+        # a copy even when the dtype already matches: a tensor read from the file is a view of its
+        # mapping, which would keep the file resident next to the fused copies made from it
+        return t.to(device=device, dtype=dtype, copy=True).contiguous()
 
     def close(self) -> None:
         self._handles.clear()
