@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import AsyncIterator
 
 import httpx
 
@@ -156,3 +157,17 @@ class Runtime:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+async def stream_generate(client: httpx.AsyncClient, body: dict) -> AsyncIterator[tuple[float, dict]]:
+    """The events of a streamed ``/generate`` (``body`` with ``"stream": True``), each with its arrival time."""
+    async with client.stream("POST", "/generate", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                raise RuntimeError(ev["error"])
+            yield time.perf_counter(), ev

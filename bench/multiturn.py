@@ -67,7 +67,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import Runtime, free_port, machine_info, matmul_weight_bytes, resolve_model_path  # noqa: E402
+from _runtime_proc import (Runtime, free_port, machine_info, matmul_weight_bytes, resolve_model_path,  # noqa: E402
+                           stream_generate)
 
 CONFIGS = ("no_cache", "l1", "l1_l2", "l1_l2_l3_file", "l1_l2_l3_mooncake")
 DEFAULT_CONFIGS = ("l1", "l1_l2", "l1_l2_l3_file")
@@ -209,18 +210,10 @@ async def one_request(client: httpx.AsyncClient, ids: list[int], out_len: int, t
     start = time.perf_counter()
     ttft, last = None, None
     body = {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": out_len, "ignore_eos": True}}
-    async with client.stream("POST", "/generate", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                raise RuntimeError(ev["error"])
-            if ttft is None and ev.get("output_ids"):
-                ttft = time.perf_counter() - start
-            last = ev
+    async for at, ev in stream_generate(client, body):
+        if ttft is None and ev.get("output_ids"):
+            ttft = at - start
+        last = ev
     end = time.perf_counter()
     return {"ttft": ttft, "latency": end - start, "t_send": start - t0, "t_done": end - t0,
             "output_ids": last["output_ids"], "meta": last["meta_info"]}

@@ -51,7 +51,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import Runtime, machine_info, matmul_weight_bytes, resolve_model_path  # noqa: E402
+from _runtime_proc import Runtime, machine_info, matmul_weight_bytes, resolve_model_path, stream_generate  # noqa: E402
 
 GOAL_RATIO_C1 = 1.0
 GOAL_RATIO_C16 = 2.0
@@ -136,19 +136,11 @@ async def stream_one(client: httpx.AsyncClient, req: dict) -> dict:
     start = time.perf_counter()
     events: list[tuple[float, int]] = []  # (time, tokens so far)
     last = None
-    async with client.stream("POST", "/generate", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                raise RuntimeError(ev["error"])
-            n = len(ev.get("output_ids") or ())
-            if n and (not events or n > events[-1][1]):
-                events.append((time.perf_counter(), n))
-            last = ev
+    async for at, ev in stream_generate(client, body):
+        n = len(ev.get("output_ids") or ())
+        if n and (not events or n > events[-1][1]):
+            events.append((at, n))
+        last = ev
     end = time.perf_counter()
     if not events:
         raise RuntimeError("no token came back")
