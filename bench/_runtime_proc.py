@@ -171,3 +171,14 @@ async def stream_generate(client: httpx.AsyncClient, body: dict) -> AsyncIterato
             if "error" in ev:
                 raise RuntimeError(ev["error"])
             yield time.perf_counter(), ev
+
+
+def no_nan(v):
+    """JSON has no NaN: an undefined statistic (no samples) is written as null."""
+    if isinstance(v, float) and v != v:
+        return None
+    if isinstance(v, dict):
+        return {k: no_nan(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [no_nan(x) for x in v]
+    return v

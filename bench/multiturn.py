@@ -68,7 +68,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _runtime_proc import (Runtime, free_port, machine_info, matmul_weight_bytes, resolve_model_path,  # noqa: E402
-                           stream_generate)
+                           no_nan, stream_generate)
 
 CONFIGS = ("no_cache", "l1", "l1_l2", "l1_l2_l3_file", "l1_l2_l3_mooncake")
 DEFAULT_CONFIGS = ("l1", "l1_l2", "l1_l2_l3_file")
@@ -578,17 +578,6 @@ def goals(results: dict[str, dict]) -> dict:
     }
 
 
-def _no_nan(v):
-    """JSON has no NaN: an undefined statistic (no samples) is written as null."""
-    if isinstance(v, float) and v != v:
-        return None
-    if isinstance(v, dict):
-        return {k: _no_nan(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_no_nan(x) for x in v]
-    return v
-
-
 def main(argv=None) -> int:
     a = parse_args(argv)
     a.model_path = resolve_model_path(a.model_path)
@@ -670,7 +659,7 @@ def main(argv=None) -> int:
               "results": results, "shared_l3": share, "memory": memory, "goals": verdict, "skipped": skipped}
     if a.json_out:
         Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json_out).write_text(json.dumps(_no_nan(report), indent=2))
+        Path(a.json_out).write_text(json.dumps(no_nan(report), indent=2))
         print(f"\nwrote {a.json_out}")
     shutil.rmtree(workdir, ignore_errors=True)
     failed = any(r["errors"] for r in results.values()) or any(s.get("errors") for s in share_runs)

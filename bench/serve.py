@@ -51,7 +51,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import Runtime, machine_info, matmul_weight_bytes, resolve_model_path, stream_generate  # noqa: E402
+from _runtime_proc import (Runtime, machine_info, matmul_weight_bytes, no_nan, resolve_model_path,  # noqa: E402
+                           stream_generate)
 
 GOAL_RATIO_C1 = 1.0
 GOAL_RATIO_C16 = 2.0
@@ -298,17 +299,6 @@ def copy_bandwidth(threads: int, nbytes: int = 1 << 30, reps: int = 7) -> dict:
             "bf16_gemv_weight_bytes_per_s": nbytes / statistics.median(gemv)}
 
 
-def _no_nan(v):
-    """JSON has no NaN: an undefined statistic (no samples) is written as null."""
-    if isinstance(v, float) and v != v:
-        return None
-    if isinstance(v, dict):
-        return {k: _no_nan(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_no_nan(x) for x in v]
-    return v
-
-
 # ----------------------------------------------------------------------------- report
 def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
@@ -466,7 +456,7 @@ def main(argv=None) -> int:
               "runtime_peak_rss_bytes": peak_rss}
     if a.json_out:
         Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json_out).write_text(json.dumps(_no_nan(report), indent=2, default=str))
+        Path(a.json_out).write_text(json.dumps(no_nan(report), indent=2, default=str))
         print(f"wrote {a.json_out}")
     return 0
 
