@@ -1,4 +1,4 @@
-"""Drain-aware rolling swaps of the L3 storage backend (issue #6).
+"""Drain-aware rolling swaps of the L3 storage backend.
 
 ``plan_step`` is the pure planner (see ``planner`` and README.md for the state
 machine); ``runtime_client`` talks to one pod's runtime. The handlers glue

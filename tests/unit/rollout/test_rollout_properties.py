@@ -69,7 +69,7 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
     follow=st.booleans(),
     watch_moves=st.sampled_from([0.0, 0.5]),
 )
-# Found in session 7: a pod whose rollback failed (back to a config its runtime refuses, its
+# A pod whose rollback failed (back to a config its runtime refuses, its
 # attach of the new target mangled) is readmitted detached in the pass that reports
 # RollbackFailed; the fleet only allowed it once it had seen that Event, after the step.
 @example(n=1, max_unavailable=1, initial="file", first_target="file", seed=0, flaky=0.0, follow=True, watch_moves=0.0,
@@ -77,7 +77,7 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
              ("target", "refused", 0, "ok", 0), ("target", "file", 0, "ok", 0), ("revert", "file", 0, "ok", 0),
              ("delete", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0),
              ("target", "mangled", 0, "ok", 0)])
-# Found in session 9: a step whose state was lost had swapped the pod to the target; taken out
+# A step whose state was lost had swapped the pod to the target; taken out
 # again on it, its drain timed out in an outage, and it was restored to its record's `previous`,
 # which it ran at an earlier takeout (the fleet only allowed the config of the last one).
 @example(n=1, max_unavailable=1, initial="file", first_target="file", seed=0, flaky=0.0, follow=True, watch_moves=0.0,
