@@ -90,7 +90,6 @@ class DevicePool:
         self.device = device
         if mla and num_heads != 1:
             raise ValueError("an MLA pool has one latent row per token (num_heads 1)")
-        self.mla = mla
         self.k = [torch.zeros(self.size, num_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = None if mla else [torch.zeros(self.size, num_heads, head_dim, dtype=dtype, device=device)
                                    for _ in range(num_layers)]

@@ -35,8 +35,6 @@ from cache_runtime.tp import Leader, forward_command
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 # stop strings are looked for in the text of this many last tokens
 _STOP_WINDOW_TOKENS = 64
 
@@ -138,7 +136,7 @@ def model_setup(args: ServerArgs, rank: int = 0) -> ModelSetup:
     cfg = resolve_config(args.model_path)
     device = _pick_device(args.device, rank)
     dtype = resolve_dtype(args.dtype, cfg, device)
-    kv_dtype = dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
+    kv_dtype = dtype if args.kv_cache_dtype == "auto" else resolve_dtype(args.kv_cache_dtype, cfg, device)
     if args.context_length is not None and args.context_length > cfg.max_position_embeddings:
         raise CheckpointError(f"--context-length {args.context_length} exceeds the model's "
                               f"max_position_embeddings {cfg.max_position_embeddings} (config.json)")
@@ -161,7 +159,7 @@ class Engine:
                                       self.kv_dtype, self.device, mla=cfg.is_mla)
         host_tokens = None
         if args.enable_hierarchical_cache:
-            token_bytes = kv_bytes_per_token(cfg, _DTYPE_NAMES[self.kv_dtype], tp=args.tp_size)
+            token_bytes = kv_bytes_per_token(cfg, str(self.kv_dtype).removeprefix("torch."), tp=args.tp_size)
             host_tokens = host_pool_tokens(self.device_pool.size, args.page_size, args.hicache_ratio,
                                            args.hicache_size, token_bytes)
         # followers start first, so they load their shards while this rank loads its own

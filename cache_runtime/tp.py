@@ -33,12 +33,12 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
-import kernels
 from cache_runtime.args import ServerArgs
 from cache_runtime.memory import DevicePool, HostPool
 from cache_runtime.models import load_model
 from cache_runtime.models.base import Shard
 from cache_runtime.models.layers import ForwardBatch, SeqSpan
+from cache_runtime.transfer import backup_layers, load_layer
 
 log = logging.getLogger(__name__)
 
@@ -203,12 +203,10 @@ def follower_main(rank: int, world: int, port: int, args_dict: dict, host_tokens
             elif op == "load":  # L2 -> L1, every layer
                 _, host_slots, device_slots = cmd
                 for layer in range(cfg.num_layers):
-                    kernels.load_per_layer(host.kv_buffer, dev.k[layer], dev.v[layer] if dev.v else None,
-                                           host_slots, device_slots, layer, host.layout, host.page_size, io_backend=io)
+                    load_layer(dev, host, host_slots, device_slots, layer, io)
             elif op == "backup":  # L1 -> L2
                 _, device_slots, host_slots = cmd
-                kernels.backup_all_layers(dev.k, dev.v, host.kv_buffer, device_slots, host_slots, host.layout,
-                                          host.page_size, io_backend=io)
+                backup_layers(dev, host, device_slots, host_slots, io)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         done[rank] = seq

@@ -26,6 +26,21 @@ class TransferError(RuntimeError):
     pass
 
 
+def load_layer(device: DevicePool, host: HostPool, host_slots: torch.Tensor, device_slots: torch.Tensor, layer: int,
+               io_backend: str) -> None:
+    """L2 -> L1 copy of one layer (K and V, or MLA's latent)."""
+    device_v = device.v[layer] if device.v is not None else None
+    kernels.load_per_layer(host.kv_buffer, device.k[layer], device_v, host_slots, device_slots, layer, host.layout,
+                           host.page_size, io_backend=io_backend)
+
+
+def backup_layers(device: DevicePool, host: HostPool, device_slots: torch.Tensor, host_slots: torch.Tensor,
+                  io_backend: str) -> None:
+    """L1 -> L2 copy of every layer."""
+    kernels.backup_all_layers(device.k, device.v, host.kv_buffer, device_slots, host_slots, host.layout,
+                              host.page_size, io_backend=io_backend)
+
+
 class _Op:
     def __init__(self, nodes, device_slots: torch.Tensor, host_slots: torch.Tensor, lock_node) -> None:
         self.nodes = list(nodes)  # split() appends new parents, so failures can reach every piece
@@ -99,8 +114,7 @@ class TransferWorker:
             self._mirror(("backup", device_slots, host_slots))
         if self._cuda:
             torch.cuda.current_stream().synchronize()
-        kernels.backup_all_layers(self.device.k, self.device.v, self.host.kv_buffer, device_slots, host_slots,
-                                  self.host.layout, self.host.page_size, io_backend=self.io_backend)
+        backup_layers(self.device, self.host, device_slots, host_slots, self.io_backend)
         if self._cuda:
             torch.cuda.current_stream().synchronize()
 
@@ -128,12 +142,9 @@ class TransferWorker:
                 self._wake()
 
     def _execute(self, op) -> None:
-        layout, ps, io = self.host.layout, self.host.page_size, self.io_backend
         if isinstance(op, LoadOp):
             for layer in range(len(self.device.k)):
-                device_v = self.device.v[layer] if self.device.v is not None else None  # None: MLA
-                kernels.load_per_layer(self.host.kv_buffer, self.device.k[layer], device_v,
-                                       op.host_slots, op.device_slots, layer, layout, ps, io_backend=io)
+                load_layer(self.device, self.host, op.host_slots, op.device_slots, layer, self.io_backend)
                 if self._cuda:
                     ev = torch.cuda.Event()
                     ev.record(self._stream)
@@ -142,5 +153,4 @@ class TransferWorker:
         else:
             if op.ready_event is not None:
                 self._stream.wait_event(op.ready_event)
-            kernels.backup_all_layers(self.device.k, self.device.v, self.host.kv_buffer, op.device_slots,
-                                      op.host_slots, layout, ps, io_backend=io)
+            backup_layers(self.device, self.host, op.device_slots, op.host_slots, self.io_backend)
