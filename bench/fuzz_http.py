@@ -57,7 +57,7 @@ COMPLETION = st.fixed_dictionaries({}, optional={
 ATTACH = st.fixed_dictionaries({}, optional={
     "hicache_storage_backend": st.one_of(st.sampled_from(["file", "mooncake", "dynamic", "hf3fs", ""]), NUMBERS),
     "hicache_storage_backend_extra_config_json": st.one_of(
-        TEXT, st.sampled_from(["{}", "[]", "{bad", "@/etc/passwd", '{"storage_dir": 5}', "null"])),
+        TEXT, st.sampled_from(["{}", "[]", "{bad", "@/etc/passwd", '{"file_storage_path": 5}', "null"])),
     "hicache_storage_prefetch_policy": st.one_of(TEXT, st.sampled_from(["best_effort", "timeout", "never"])),
     "hicache_write_policy": st.one_of(TEXT, st.sampled_from(["write_back", "write_through", "always"]))})
 DRAIN = st.one_of(st.fixed_dictionaries({"drain": st.one_of(TEXT, NUMBERS, st.none())}), JSON_ANY)

@@ -113,7 +113,7 @@ MOUNTS = st.sampled_from([
     [{"name": "models"}],
 ])
 EXTRA_CONFIG = st.one_of(
-    st.sampled_from([{}, {"storage_dir": "/data/l3"}, {"master_server_address": "mc:50051"},
+    st.sampled_from([{}, {"file_storage_path": "/data/l3"}, {"master_server_address": "mc:50051"},
                      {"backend_name": "x", "module_path": "m", "class_name": "C"},
                      {"local_hostname": "node-1"}, {"protocol": "rdma"}, {"prefetch_threshold": 128},
                      {"unknown_key": [1, 2, {"deep": None}]}]),

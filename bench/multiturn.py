@@ -369,7 +369,7 @@ def server_flags(name: str, a, workdir: Path, mooncake_rpc: int | None, fresh_st
         store = workdir / "l3-file"
         if fresh_store:
             shutil.rmtree(store, ignore_errors=True)
-        extra["storage_dir"] = str(store)
+        extra["file_storage_path"] = str(store)
         backend = "file"
     else:
         extra.update({"master_server_address": f"127.0.0.1:{mooncake_rpc}", "metadata_server": "P2PHANDSHAKE",

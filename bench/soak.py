@@ -93,7 +93,7 @@ def main() -> None:
             gw = Gateway(c.api_client(), ns, name, concurrency=3).start()
             t0 = time.monotonic()
             kill_at = sorted(rng.uniform(0.05, 0.95) * a.duration for _ in range(a.kills))
-            targets = [{"backend": "file", "extraConfig": {"storage_dir": f"{tmp}/l3"}}, {"backend": "none"}]
+            targets = [{"backend": "file", "extraConfig": {"file_storage_path": f"{tmp}/l3"}}, {"backend": "none"}]
             swaps = kills = 0
             next_swap = a.swap_every
             while (now := time.monotonic() - t0) < a.duration:

@@ -264,7 +264,7 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
     t0 = time.time()
     custom.patch_namespaced_custom_object(
         "hicache.dev", "v1alpha1", ns, "hicachedeployments", name,
-        {"spec": {"hicache": {"storage": {"backend": "file", "extraConfig": {"storage_dir": str(workdir / ns)}}}}})
+        {"spec": {"hicache": {"storage": {"backend": "file", "extraConfig": {"file_storage_path": str(workdir / ns)}}}}})
 
     def done():
         # in process: a kubectl process every poll took CPU from the control plane being measured

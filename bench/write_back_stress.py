@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     if not a.no_l3:
         flags += ["--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "timeout",
                   "--hicache-storage-backend-extra-config",
-                  json.dumps({"storage_dir": str(work / "l3"), "prefetch_threshold": 16})]
+                  json.dumps({"file_storage_path": str(work / "l3"), "prefetch_threshold": 16})]
     server = Runtime(flags, work / "write_back.log")
     print(f"write_back stress: {a.concurrency} clients, {a.duration:.0f}s, {len(prompts)} prompts, "
           f"L1 {a.max_total_tokens} tokens, log {work / 'write_back.log'}", flush=True)

@@ -11,6 +11,10 @@ back as acks in ``poll()``. The invariants the policies keep (and the tests chec
 * L1 eviction frees a node's L1 copy only if it is backed up; otherwise write_back copies it to
   L2 first, and anything else deletes it (with the L2-only subtree under it, if nothing pins it).
 * L2 eviction deletes unpinned L2-only leaves first, then drops spare L2 copies of L1 nodes.
+
+A request's cache namespace (``radix.namespace``: SGLang's ``extra_key`` / ``cache_salt``) keeps
+its prefixes apart in the tree and seeds its first L3 page key (``hashing.namespace_seed``), so
+salted tenants share nothing in L1, L2 or L3, and their L3 keys are the ones SGLang computes.
 """
 
 from __future__ import annotations
@@ -24,12 +28,17 @@ import torch
 
 from cache_runtime.memory import DevicePool, HostPool
 from cache_runtime.policies import PrefetchConfig, write_through_threshold
-from cache_runtime.radix import RadixTree, TreeNode
-from cache_runtime.storage.hashing import page_hashes
+from cache_runtime.radix import Namespace, RadixTree, TreeNode
+from cache_runtime.storage.hashing import namespace_seed, page_hashes
 from cache_runtime.storage_io import BackupStorageOp, PrefetchOp, RankedStorage, StorageWorker
 from cache_runtime.transfer import BackupOp, LoadOp, TransferWorker
 
 log = logging.getLogger(__name__)
+
+
+def _seed(ns: Namespace) -> str | None:
+    """Prior hash of a namespace's first L3 page."""
+    return None if ns is None else namespace_seed(*ns)
 
 
 @dataclass
@@ -104,12 +113,13 @@ class HiCache:
     def aligned(self, n: int) -> int:
         return n - n % self.page_size
 
-    def acquire_prefix(self, key: list[int]) -> Prefix:
-        """Longest cached prefix of ``key``: L1 part locked, L2 part loaded back in the background."""
+    def acquire_prefix(self, key: list[int], ns: Namespace = None) -> Prefix:
+        """Longest cached prefix of ``key`` in namespace ``ns``: L1 part locked, L2 part loaded back in the
+        background."""
         if not self.enabled:
             self.tree.lock(self.root)
             return Prefix([], 0, 0, 0, torch.empty(0, dtype=torch.int64), self.root)
-        path = self.tree.match(key)
+        path = self.tree.match(key, ns=ns)
         dev = [n for n in path if n.on_device]
         host_nodes = path[len(dev):]
         lock_node = dev[-1] if dev else self.root
@@ -149,11 +159,11 @@ class HiCache:
     def release_prefix(self, prefix: Prefix) -> None:
         self.tree.unlock(prefix.lock_node)
 
-    def peek_match(self, key: list[int]) -> tuple[list[TreeNode], int]:
+    def peek_match(self, key: list[int], ns: Namespace = None) -> tuple[list[TreeNode], int]:
         """Cached path and its length, without locking (used to plan an L3 prefetch)."""
         if not self.enabled:
             return [], 0
-        path = self.tree.match(key, touch=False)
+        path = self.tree.match(key, touch=False, ns=ns)
         return path, sum(len(n.key) for n in path)
 
     # ------------------------------------------------------------------ allocation / eviction
@@ -175,7 +185,7 @@ class HiCache:
 
     def _is_attached(self, node: TreeNode) -> bool:
         parent = node.parent
-        return parent is not None and parent.children.get(self.tree.page_key(node.key)) is node
+        return parent is not None and parent.children.get(self.tree.node_key(node)) is node
 
     @staticmethod
     def _device_leaf(node: TreeNode) -> bool:
@@ -274,18 +284,19 @@ class HiCache:
         return freed
 
     # ------------------------------------------------------------------ insertion / write policies
-    def insert(self, tokens: list[int], slots: torch.Tensor, owned_from: int) -> None:
-        """Caches a finished request's KV. ``slots[owned_from:]`` belong to the caller: those the tree
-        does not adopt (duplicates of cached pages) are freed here. ``len(tokens)`` is page-aligned."""
+    def insert(self, tokens: list[int], slots: torch.Tensor, owned_from: int, ns: Namespace = None) -> None:
+        """Caches a finished request's KV in namespace ``ns``. ``slots[owned_from:]`` belong to the caller:
+        those the tree does not adopt (duplicates of cached pages) are freed here. ``len(tokens)`` is
+        page-aligned."""
         if not self.enabled:
             self.device.allocator.free(slots[owned_from:])
             return
         node, pos, now = self.root, 0, time.monotonic()
         touched: list[TreeNode] = []
         while pos < len(tokens):
-            child = node.children.get(self.tree.page_key(tokens, pos))
+            child = node.children.get(self.tree.page_key(tokens, pos, ns))
             if child is None:
-                child = self.tree.add_child(node, tuple(tokens[pos:]))
+                child = self.tree.add_child(node, tuple(tokens[pos:]), ns)
                 child.value = slots[pos:]
                 touched.append(child)
                 break
@@ -371,13 +382,13 @@ class HiCache:
 
     # ------------------------------------------------------------------ L3
     def _hashes(self, node: TreeNode) -> list[str]:
-        """L3 keys of a node's pages, chained from the root (computed once per node)."""
+        """L3 keys of a node's pages, chained from its namespace's seed at the root (computed once per node)."""
         chain = []
         n = node
         while n is not self.root and n.hashes is None:
             chain.append(n)
             n = n.parent
-        prior = n.hashes[-1] if n is not self.root else None
+        prior = n.hashes[-1] if n is not self.root else _seed(node.ns)
         for n in reversed(chain):
             n.hashes = page_hashes(list(n.key), self.page_size, prior)
             prior = n.hashes[-1]
@@ -434,11 +445,11 @@ class HiCache:
             self._backup_ops.discard(op)
             self.tree.unpin_host(op.pin_node)
 
-    def maybe_prefetch(self, key: list[int]) -> PrefetchOp | None:
+    def maybe_prefetch(self, key: list[int], ns: Namespace = None) -> PrefetchOp | None:
         """Starts fetching the page-aligned part of ``key`` beyond L1+L2 from L3, if worth it."""
         if not self.enabled or not self.storage_active:
             return None
-        path, matched = self.peek_match(key)
+        path, matched = self.peek_match(key, ns)
         num = self.aligned(len(key) - matched)
         if num < max(self.prefetch.threshold, self.page_size):
             return None
@@ -450,9 +461,9 @@ class HiCache:
         if host is None:
             self.counters.prefetch_skipped += 1
             return None
-        prior = self._hashes(path[-1])[-1] if path else None
+        prior = self._hashes(path[-1])[-1] if path else _seed(ns)
         keys = page_hashes(list(key[matched : matched + num]), self.page_size, prior)
-        op = PrefetchOp(keys, host, list(key[: matched + num]), matched, self.page_size)
+        op = PrefetchOp(keys, host, list(key[: matched + num]), matched, self.page_size, ns)
         op.sync_point = self.tp.sync_point() if self.tp else 0
         if path:  # keep the L2 copy of the prefix the fetched pages will hang under (SGLang pins it too)
             op.anchor = path[-1]
@@ -494,7 +505,7 @@ class HiCache:
     def _insert_prefetched(self, op: PrefetchOp, num: int) -> int:
         """Adds fetched pages as L2 nodes under their (still cached) prefix; frees what is not used."""
         slots = op.host_slots
-        path = self.tree.match(op.tokens[: op.prefix_len], touch=False)
+        path = self.tree.match(op.tokens[: op.prefix_len], touch=False, ns=op.ns)
         if sum(len(n.key) for n in path) < op.prefix_len:  # the prefix left the cache meanwhile
             self.host.allocator.free(slots)
             return 0
@@ -502,9 +513,9 @@ class HiCache:
         pos, end, kept = op.prefix_len, op.prefix_len + num, 0
         used = torch.zeros(slots.numel(), dtype=torch.bool)
         while pos < end:
-            child = node.children.get(self.tree.page_key(op.tokens, pos))
+            child = node.children.get(self.tree.page_key(op.tokens, pos, op.ns))
             if child is None:
-                child = self.tree.add_child(node, tuple(op.tokens[pos:end]))
+                child = self.tree.add_child(node, tuple(op.tokens[pos:end]), op.ns)
                 child.host_value = slots[pos - op.prefix_len : end - op.prefix_len]
                 child.hashes = op.keys[(pos - op.prefix_len) // self.page_size : num // self.page_size]
                 used[pos - op.prefix_len : end - op.prefix_len] = True

@@ -174,8 +174,9 @@ class HostPool:
         self.page_bytes = (1 if mla else 2) * L * page_size * H * D * self.kv_buffer.element_size()
 
     def page_view(self, first_slot: int) -> torch.Tensor:
-        """The page starting at ``first_slot`` as a (2, L, page_size, H, D) view, whatever the layout
-        ((L, page_size, 1, kv_dim) for MLA)."""
+        """The page starting at ``first_slot``, viewed in the order SGLang's ``get_data_page`` flattens it:
+        (2, L, page_size, H, D) for layer_first and page_first_direct, (2, page_size, L, H, D) for
+        page_first; MLA the same without the leading 2 (H = 1)."""
         if first_slot % self.page_size:
             raise ValueError(f"slot {first_slot} is not the start of a page")
         s, e = first_slot, first_slot + self.page_size
@@ -183,14 +184,15 @@ class HostPool:
         if self.layout == "layer_first":
             view = buf[:, :, s:e]
         elif self.layout == "page_first":
-            view = buf[:, s:e].transpose(1, 2)
+            view = buf[:, s:e]
         else:
             view = buf[:, first_slot // self.page_size]
         return view[0] if self.mla else view
 
     def get_page(self, first_slot: int) -> torch.Tensor:
-        """A contiguous copy of one page in the layout-independent L3 format: K of all layers, then V
-        (the latent of all layers for MLA)."""
+        """A contiguous copy of one page in SGLang's L3 byte order for this layout (``page_view``): what
+        SGLang's own backends store, so either engine reads the other's pages as the same KV. The order
+        depends on the layout, as in SGLang: engines sharing an L3 must use layouts with the same order."""
         return self.page_view(first_slot).contiguous().view(-1)
 
     def set_page(self, first_slot: int, flat: torch.Tensor) -> None:

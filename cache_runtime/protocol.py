@@ -149,6 +149,34 @@ class _Sampling(_Lenient):
         )
 
 
+class _CacheKeys(_Lenient):
+    """SGLang's cache-namespace fields (``GenerateReqInput`` and its OpenAI requests): ``extra_key`` and
+    ``cache_salt`` each isolate cached prefixes, in L1/L2 and in L3 (where they seed the first page key).
+    A single request takes a string; a batch takes one string for every prompt or a list with one per
+    prompt. An empty string is the same as none."""
+
+    extra_key: str | list[str] | None = None
+    cache_salt: str | list[str] | None = None
+
+    def cache_keys(self, batch_size: int | None) -> list[tuple[str | None, str | None]]:
+        """(extra_key, cache_salt) for each prompt; ``batch_size`` None for a single request."""
+        per_field = []
+        for name in ("extra_key", "cache_salt"):
+            value = getattr(self, name)
+            if batch_size is None:
+                if isinstance(value, list):
+                    raise BadRequest(f"{name} should be a string for a single request")
+                per_field.append([value or None])
+            elif isinstance(value, list):
+                if len(value) != batch_size:
+                    raise BadRequest(f"the length of {name} ({len(value)}) should be equal to the batch size "
+                                     f"({batch_size})")
+                per_field.append([v or None for v in value])
+            else:
+                per_field.append([value or None] * batch_size)
+        return list(zip(*per_field))
+
+
 class SamplingParamsIn(_Sampling):
     max_new_tokens: int = Field(default=128, ge=0)
     sampling_seed: int | None = Field(default=None, alias="seed", ge=SEED_MIN, le=SEED_MAX)
@@ -159,7 +187,7 @@ class SamplingParamsIn(_Sampling):
         return self.sampling(gen, self.max_new_tokens, self.sampling_seed)
 
 
-class GenerateIn(_Lenient):
+class GenerateIn(_CacheKeys):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
@@ -172,7 +200,7 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class _OpenAIRequest(_Sampling):
+class _OpenAIRequest(_Sampling, _CacheKeys):
     model: str | None = None
     n: int = 1
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)

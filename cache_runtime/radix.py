@@ -4,6 +4,12 @@ Keys are tuples of token ids whose length is a multiple of ``page_size``; childr
 by their first page. Locks are path-based as in SGLang: locking a node increments the counter
 on it and on every ancestor, so splitting a node can copy its counter to the new parent and
 later unlocks (which walk up from the original node) stay balanced.
+
+Cache namespaces: a request's ``extra_key`` / ``cache_salt`` (see :func:`namespace`) is part of
+every child key on its path, ``(namespace, first page)`` instead of the bare page, as in SGLang's
+``RadixKey.child_key``. Requests in different namespaces therefore never match each other's
+prefixes, even for identical tokens, while requests without one share the plain tree. Every node
+records its namespace (``ns``), which a split hands down unchanged.
 """
 
 from __future__ import annotations
@@ -16,18 +22,29 @@ import torch
 
 _ids = itertools.count(1)
 
+Namespace = tuple[str | None, str | None] | None
+
+
+def namespace(extra_key: str | None = None, cache_salt: str | None = None) -> Namespace:
+    """A request's cache namespace: None when it sets neither field (an empty string counts as unset, as in SGLang)."""
+    extra_key, cache_salt = extra_key or None, cache_salt or None
+    if extra_key is None and cache_salt is None:
+        return None
+    return (extra_key, cache_salt)
+
 
 class TreeNode:
     __slots__ = (
-        "id", "parent", "children", "key", "value", "host_value", "lock_ref", "host_ref",
+        "id", "parent", "children", "key", "ns", "value", "host_value", "lock_ref", "host_ref",
         "last_access", "hit_count", "hashes", "backup_op", "load_op",
     )
 
-    def __init__(self, parent: "TreeNode | None" = None, key: tuple[int, ...] = ()) -> None:
+    def __init__(self, parent: "TreeNode | None" = None, key: tuple[int, ...] = (), ns: Namespace = None) -> None:
         self.id = next(_ids)
         self.parent = parent
-        self.children: dict[tuple[int, ...], TreeNode] = {}
+        self.children: dict[tuple, TreeNode] = {}
         self.key = key
+        self.ns = ns
         self.value: torch.Tensor | None = None  # L1 slots, one per token
         self.host_value: torch.Tensor | None = None  # L2 slots, one per token
         self.lock_ref = 0  # >0: L1 copy in use (requests, transfers): never evicted from L1
@@ -60,8 +77,14 @@ class RadixTree:
         self.root = TreeNode()
         self.root.lock_ref = 1  # the root is never evicted
 
-    def page_key(self, tokens, start: int = 0) -> tuple[int, ...]:
-        return tuple(tokens[start : start + self.page_size])
+    def page_key(self, tokens, start: int = 0, ns: Namespace = None) -> tuple:
+        """The child-dict key of the page of ``tokens`` at ``start`` in namespace ``ns``."""
+        page = tuple(tokens[start : start + self.page_size])
+        return page if ns is None else (ns, page)
+
+    def node_key(self, node: TreeNode) -> tuple:
+        """The key ``node`` is filed under in its parent's children."""
+        return self.page_key(node.key, 0, node.ns)
 
     def _common_pages(self, key: tuple[int, ...], tokens, start: int) -> int:
         """Tokens (a multiple of page_size) that ``key`` shares with ``tokens[start:]``."""
@@ -75,13 +98,14 @@ class RadixTree:
             i += ps
         return i
 
-    def match(self, tokens, touch: bool = True) -> list[TreeNode]:
-        """Nodes covering the longest cached page-aligned prefix of ``tokens``, splitting a node at the end."""
+    def match(self, tokens, touch: bool = True, ns: Namespace = None) -> list[TreeNode]:
+        """Nodes covering the longest cached page-aligned prefix of ``tokens`` in namespace ``ns``, splitting a
+        node at the end."""
         path: list[TreeNode] = []
         node, pos = self.root, 0
         now = time.monotonic()
         while len(tokens) - pos >= self.page_size:
-            child = node.children.get(self.page_key(tokens, pos))
+            child = node.children.get(self.page_key(tokens, pos, ns))
             if child is None:
                 break
             n = self._common_pages(child.key, tokens, pos)
@@ -97,8 +121,8 @@ class RadixTree:
     def split(self, child: TreeNode, n: int) -> TreeNode:
         """Cuts ``child`` after ``n`` tokens; returns the new parent holding the first ``n``."""
         assert 0 < n < len(child.key) and n % self.page_size == 0
-        new = TreeNode(child.parent, child.key[:n])
-        new.children = {self.page_key(child.key, n): child}
+        new = TreeNode(child.parent, child.key[:n], child.ns)
+        new.children = {self.page_key(child.key, n, child.ns): child}
         new.value = child.value[:n] if child.value is not None else None
         new.host_value = child.host_value[:n] if child.host_value is not None else None
         new.lock_ref, new.host_ref = child.lock_ref, child.host_ref
@@ -109,7 +133,7 @@ class RadixTree:
         for op in (child.backup_op, child.load_op):
             if op is not None and not op.done:
                 op.nodes.append(new)
-        child.parent.children[self.page_key(child.key)] = new
+        child.parent.children[self.node_key(child)] = new
         child.parent = new
         child.key = child.key[n:]
         if child.value is not None:
@@ -118,15 +142,16 @@ class RadixTree:
             child.host_value = child.host_value[n:]
         return new
 
-    def add_child(self, parent: TreeNode, key: tuple[int, ...]) -> TreeNode:
+    def add_child(self, parent: TreeNode, key: tuple[int, ...], ns: Namespace = None) -> TreeNode:
         assert key and len(key) % self.page_size == 0
-        node = TreeNode(parent, key)
-        parent.children[self.page_key(key)] = node
+        assert parent is self.root or parent.ns == ns, "a namespace's nodes hang only under its own"
+        node = TreeNode(parent, key, ns)
+        parent.children[self.node_key(node)] = node
         return node
 
     def remove_leaf(self, node: TreeNode) -> None:
         assert not node.children and node is not self.root
-        del node.parent.children[self.page_key(node.key)]
+        del node.parent.children[self.node_key(node)]
 
     @staticmethod
     def lock(node: TreeNode) -> None:

@@ -27,6 +27,7 @@ from cache_runtime.models import load_model, resolve_config, resolve_dtype
 from cache_runtime.models.config import CheckpointError, ModelConfig, kv_bytes_per_token
 from cache_runtime.models.layers import ForwardBatch, SeqSpan
 from cache_runtime.policies import PrefetchConfig
+from cache_runtime.radix import namespace
 from cache_runtime.sampling import SamplingParams, sample
 from cache_runtime.storage.base import HiCacheStorageConfig
 from cache_runtime.storage.factory import create_storage_backend
@@ -57,9 +58,10 @@ class Output:
 
 class Request:
     def __init__(self, input_ids: list[int], params: SamplingParams, emit: Callable[[Output], None],
-                 rid: str | None = None) -> None:
+                 rid: str | None = None, extra_key: str | None = None, cache_salt: str | None = None) -> None:
         self.rid = rid or uuid.uuid4().hex
         self.input_ids = input_ids
+        self.ns = namespace(extra_key, cache_salt)  # its prefixes are cached apart from other namespaces
         self.params = params
         self.emit = emit
         self.arrival = time.monotonic()
@@ -329,7 +331,7 @@ class Engine:
         while self._inbox:
             req = self._inbox.popleft()
             if self.cache.host is not None:
-                req.prefetch_op = self.cache.maybe_prefetch(self._cache_key(req.input_ids))
+                req.prefetch_op = self.cache.maybe_prefetch(self._cache_key(req.input_ids), req.ns)
             self.waiting.append(req)
         while self._aborts:
             self._aborts.popleft().aborted = True
@@ -366,12 +368,12 @@ class Engine:
                 fetched = True
             if not self._start(req):
                 if fetched:  # no L1 room yet: keep the L3 pages coming while it waits
-                    req.prefetch_op = self.cache.maybe_prefetch(self._cache_key(req.input_ids))
+                    req.prefetch_op = self.cache.maybe_prefetch(self._cache_key(req.input_ids), req.ns)
                 break
             del self.waiting[i]
 
     def _start(self, req: Request) -> bool:
-        prefix = self.cache.acquire_prefix(self._cache_key(req.input_ids))
+        prefix = self.cache.acquire_prefix(self._cache_key(req.input_ids), req.ns)
         need = len(req.input_ids) + req.params.max_new_tokens - prefix.length
         own = self.cache.alloc_device(need)
         if own is None:
@@ -475,7 +477,7 @@ class Engine:
         prefix = req.prefix
         if error is None:
             aligned = self.cache.aligned(req.kv_len)
-            self.cache.insert(req.tokens[:aligned], req.slots[:aligned], prefix.length)
+            self.cache.insert(req.tokens[:aligned], req.slots[:aligned], prefix.length, req.ns)
             self.device_pool.allocator.free(req.slots[aligned:])
         else:
             self.device_pool.allocator.free(req.slots[prefix.length :])

@@ -139,10 +139,13 @@ class Server:
         return validate(model, parse_json(await self._body(request)))
 
     def _submit(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
-                bypass_drain: bool = False) -> tuple[EngineRequest, asyncio.Queue]:
+                bypass_drain: bool = False, cache_keys: tuple[str | None, str | None] = (None, None)
+                ) -> tuple[EngineRequest, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        req = EngineRequest(input_ids, params, lambda out: loop.call_soon_threadsafe(q.put_nowait, out), rid)
+        extra_key, cache_salt = cache_keys
+        req = EngineRequest(input_ids, params, lambda out: loop.call_soon_threadsafe(q.put_nowait, out), rid,
+                            extra_key=extra_key, cache_salt=cache_salt)
         self.engine.submit(req, bypass_drain)
         return req, q
 
@@ -207,15 +210,16 @@ class Server:
         return app
 
     # ------------------------------------------------------------------ inference
-    def _submit_all(self, prompts: list[list[int]], params: SamplingParams,
+    def _submit_all(self, prompts: list[list[int]], params: SamplingParams, cache_keys: list[tuple],
                     rid: str | None = None) -> list[tuple[EngineRequest, asyncio.Queue]]:
-        """Validates every prompt before submitting any, so a bad one in a batch leaves none running."""
+        """Validates every prompt before submitting any, so a bad one in a batch leaves none running.
+        ``cache_keys``: each prompt's (extra_key, cache_salt)."""
         try:
             for ids in prompts:
                 self.engine.validate(ids, params)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        return [self._submit(ids, params, rid) for ids in prompts]
+        return [self._submit(ids, params, rid, cache_keys=keys) for ids, keys in zip(prompts, cache_keys)]
 
     def _room(self, prompt_tokens: int) -> int:
         """The default output budget of a chat request: what the context and the KV pool leave."""
@@ -248,7 +252,8 @@ class Server:
             ids = [self.engine.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
             sp = body.sampling_params
             params = sp.to_params(self.engine.generation)
-            submitted = self._submit_all(ids, params, body.rid if not batch else None)
+            cache_keys = body.cache_keys(len(ids) if batch else None)
+            submitted = self._submit_all(ids, params, cache_keys, body.rid if not batch else None)
             if body.stream:
                 text = self._text_stream(params, sp.skip_special_tokens)
 
@@ -284,7 +289,8 @@ class Server:
             if body.stream and len(prompts) != 1:
                 raise BadRequest("streaming a batch of prompts is not supported")
             params = body.to_params(self.engine.generation)
-            submitted = self._submit_all(prompts, params)
+            batch = bool(prompt) and isinstance(prompt, list) and isinstance(prompt[0], (str, list))
+            submitted = self._submit_all(prompts, params, body.cache_keys(len(prompts) if batch else None))
             cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
             def head(obj: str) -> dict:
@@ -333,7 +339,7 @@ class Server:
             max_tokens = body.requested_max_tokens()
             params = body.sampling(self.engine.generation, self._room(len(ids)) if max_tokens is None else max_tokens,
                                    body.seed)
-            [(req, q)] = self._submit_all([ids], params)
+            [(req, q)] = self._submit_all([ids], params, body.cache_keys(None))
             cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
             if body.stream:

@@ -56,11 +56,12 @@ class RankedStorage:
 
 class PrefetchOp:
     def __init__(self, keys: list[str], host_slots: torch.Tensor, tokens: list[int], prefix_len: int,
-                 page_size: int) -> None:
+                 page_size: int, ns=None) -> None:
         self.keys = keys
         self.host_slots = host_slots
         self.tokens = tokens  # prefix_len matched tokens + len(keys) pages to fetch
         self.prefix_len = prefix_len
+        self.ns = ns  # the request's cache namespace (radix.Namespace): where the fetched pages go in the tree
         self.num_tokens = len(keys) * page_size
         self.start = time.monotonic()
         self.lock = threading.Lock()
@@ -169,11 +170,12 @@ class StorageWorker:
             if op.terminated or self._stopping.is_set():
                 return
             keys = op.keys[i : min(hit, i + STORAGE_BATCH_SIZE)]
-            per_rank = [b.batch_get(keys) or [] for b in self.ranks.backends]
+            sizes = [self.host.page_bytes] * len(keys)  # a page of any other size is a miss, not KV
+            per_rank = [b.batch_get(keys, target_sizes=sizes) or [] for b in self.ranks.backends]
             for j in range(len(keys)):
                 pages = [values[j] if j < len(values) else None for values in per_rank]
                 if any(v is None or v.numel() * v.element_size() != self.host.page_bytes for v in pages):
-                    return  # a miss or a corrupt page on any rank ends the usable prefix
+                    return  # a miss or an unusable page on any rank ends the usable prefix
                 with op.lock:
                     if op.terminated:
                         return

@@ -28,6 +28,7 @@ RUNTIME_PORT = 30000
 STORAGE_CONFIG_DIR = "/etc/hicache/storage"
 STORAGE_CONFIG_FILE = "extra_config.json"
 ADMIN_KEY_ENV = "HICACHE_ADMIN_API_KEY"
+API_KEY_ENV = "HICACHE_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,10 @@ FLAGS: tuple[Flag, ...] = (
          "Model served: a checkpoint directory in the pod (bundled and sglang), a Hugging Face id (sglang), "
          "or builtin:tiny/builtin:small (bundled test models)."),
     Flag("parallelism.tp", "--tp-size", int, 1, "Tensor-parallel ranks inside each pod (one GPU each)."),
-    Flag("parallelism.dp", "--dp-size", int, 1,
-         "Data-parallel attention groups inside the TP group (must divide tp; uses no extra GPUs)."),
+    Flag("parallelism.dp", "--attn-dp-size", int, 1,
+         "Attention data-parallel groups inside the TP group (must divide tp; uses no extra GPUs). Not SGLang's "
+         "--dp-size, which runs that many whole replicas in one pod; rendered as --attn-dp-size or, on SGLang "
+         "releases without it, --enable-dp-attention --dp-size.", engines=frozenset({"sglang"})),
     Flag("parallelism.pp", "--pp-size", int, 1, "Pipeline-parallel stages inside each pod (tp x pp GPUs)."),
     Flag("pageSize", "--page-size", int, 1, "Tokens per KV page (the unit of L2/L3 transfers and hashing)."),
     Flag("maxTotalTokens", "--max-total-tokens", int, None,
@@ -92,7 +95,7 @@ PREFETCH_KNOBS = frozenset({
 })
 KNOWN_EXTRA_CONFIG_KEYS: dict[str, frozenset[str]] = {
     "none": frozenset(),
-    "file": frozenset({"storage_dir", "max_size", "min_free_space", "eviction_ratio",
+    "file": frozenset({"file_storage_path", "max_size", "min_free_space", "eviction_ratio",
                        "enable_metadata_cache", "metadata_ttl"}),
     "mooncake": frozenset({"local_hostname", "metadata_server", "master_server_address", "protocol",
                            "device_name", "global_segment_size", "local_buffer_size",
@@ -126,12 +129,15 @@ def lookup(obj: dict, dotted: str) -> Any:
     return cur
 
 
-def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_storage: bool = True) -> list[str]:
+def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_storage: bool = True,
+                api_key: bool = False, legacy_dp_attention: bool = False) -> list[str]:
     """Command-line arguments for one engine from an effective spec (a by-alias dict).
 
     ``host_pool`` is the already-decided pool flag: ("ratio", 2.0) or ("sizeGBPerRank", 37);
     sizing from node memory resolves to the latter before rendering. With ``include_storage``
     False the L3 settings are left out, which is how the restart hash ignores them.
+    ``api_key``: clients authenticate with the key in $HICACHE_API_KEY. ``legacy_dp_attention``:
+    the SGLang release spells attention DP ``--enable-dp-attention --dp-size N``.
     """
     args: list[str] = ["--host", "$(POD_IP)", "--port", str(RUNTIME_PORT)]
     args += FIXED_ARGS[engine]
@@ -157,14 +163,21 @@ def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_
         value = lookup(spec, f.key)
         if value is None:
             value = f.default
+        if f.key == "parallelism.dp":
+            if value > 1:
+                args += ["--enable-dp-attention", "--dp-size", str(value)] if legacy_dp_attention else [f.cli, str(value)]
+            continue
         if f.kind is bool:
             if value:
                 args.append(f.cli)
         elif value is not None:
             args += [f.cli, _fmt(value)]
+    # Kubernetes expands $(VAR) from the container env, so keys never appear in the spec; the
+    # bundled runtime reads its admin key from the env itself, keeping it out of its argv.
     if engine == "sglang":
-        # Kubernetes expands $(VAR) from the container env, so the key never appears in the spec.
         args += ["--admin-api-key", f"$({ADMIN_KEY_ENV})"]
+    if api_key:
+        args += ["--api-key", f"$({API_KEY_ENV})"]
     return args
 
 

@@ -540,8 +540,7 @@ def _track_swap(ctl: Controller, key: Key, status: dict | None) -> None:
 def _swap_step(ctl: Controller, raw: dict, spec: HiCacheDeploymentSpec, pods: list[dict], why: str) -> swap.SwapStep:
     """One backend-swap step (observe, plan, act) on the pods as this reconcile sees them."""
     meta = raw["metadata"]
-    ref = spec.admin_key_secret_ref
-    secret, field = (ref.name, ref.key) if ref else (render.names(meta["name"])["secret"], render.ADMIN_SECRET_KEY)
+    secret, field = render.secret_ref(spec, meta["name"], "admin")
     return swap.step(_kube().api, raw, spec, pods, now(),
                      endpoints=lambda: ctl.endpoints(meta["namespace"], render.names(meta["name"])["service"]),
                      key=_kube().admin_key(meta["namespace"], secret, field), why=why)

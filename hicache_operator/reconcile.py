@@ -83,10 +83,10 @@ def finding_events(outcome: Outcome) -> list[tuple[str, str, str]]:
             for f in outcome.findings if f.severity in ("error", "normalised", "warning")]
 
 
-def start_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> tuple[bool, Callable[[], None]]:
-    """Apply what the StatefulSet's pods read (the ConfigMap, the admin Secret) while the other
-    children (Services, PodDisruptionBudget) are started beside them; returns (whether this
-    call generated the admin Secret, ``finish``). ``finish()`` applies the StatefulSet (after
+def start_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> tuple[list[str], Callable[[], None]]:
+    """Apply what the StatefulSet's pods read (the ConfigMap, the key Secrets) while the other
+    children (Services, PodDisruptionBudget) are started beside them; returns (the Secrets this
+    call generated, ``finish``). ``finish()`` applies the StatefulSet (after
     what its pods read, so they never start without it) and then waits for the rest. Why not
     all at once: a ClusterIP Service's create allocates an IP, which on a busy API server took
     ~10x any other apply; nothing waits for it now but the end of the reconcile."""
@@ -94,9 +94,10 @@ def start_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> tuple[boo
     assert sts["kind"] == "StatefulSet", "render.children puts the workload last"
     first = [lambda child=child: kube.apply(child) for child in others if child["kind"] == "ConfigMap"]
     beside = [kube.submit(lambda child=child: kube.apply(child)) for child in others if child["kind"] != "ConfigMap"]
-    generate = p.outcome.spec is not None and p.outcome.spec.admin_key_secret_ref is None
-    if generate:
-        first.append(lambda: kube.ensure_secret(render.admin_secret(p.owner, new_key())))
+    created: list[str] = []
+    for secret in render.generated_secrets(p.outcome.spec, p.owner, new_key) if p.outcome.spec else []:
+        first.append(lambda secret=secret: created.append(secret["metadata"]["name"])
+                     if kube.ensure_secret(secret) else None)
 
     def finish() -> None:
         try:
@@ -106,15 +107,15 @@ def start_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> tuple[boo
         for f in beside:
             f.result()
     try:
-        results = kube.concurrently(*first)
+        kube.concurrently(*first)
     except BaseException:
         wait(beside)
         raise
-    return generate and bool(results[-1]), finish
+    return created, finish
 
 
-def apply_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> bool:
-    """Apply every child (see ``start_children``); True when this call generated the admin Secret."""
+def apply_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> list[str]:
+    """Apply every child (see ``start_children``); returns the Secrets this call generated."""
     created, finish = start_children(kube, p, new_key)
     finish()
     return created
@@ -155,16 +156,14 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     assert spec is not None
     degraded: list[tuple[str, str]] = []
 
-    ref = spec.admin_key_secret_ref
-    secret_name = ref.name if ref else render.names(name)["secret"]
     no_restarts = all(restarts.restart_hash_of(pod) == p.desired.restart_hash for pod in pods)
     later = apply and defer_workload and no_restarts
     early, workload = None, None
 
-    def children() -> bool:
+    def children() -> list[str]:
         nonlocal workload
         if not apply:
-            return False
+            return []
         if not later:
             return apply_children(kube, p, new_key)
         created, workload = start_children(kube, p, new_key)
@@ -177,10 +176,15 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
             wait([early])  # one step per deployment at a time: it ends before this reconcile does
     else:
         secret_created = children()
-    if secret_created:
-        events.append(("Normal", "AdminKeyCreated", f"generated the admin API key in Secret {secret_name}"))
-    elif (ref is not None or not apply) and not kube.secret_exists(ns, secret_name):
-        degraded.append(("AdminSecretMissing", f"Secret {secret_name} with the admin API key does not exist"))
+    for which, reason, what in (("admin", "Admin", "the admin API key"), ("api", "Api", "the clients' API key")):
+        if which == "api" and not render.uses_api_key(spec):
+            continue
+        secret_name = render.secret_ref(spec, name, which)[0]
+        given = (spec.admin_key_secret_ref if which == "admin" else spec.api_key_secret_ref) is not None
+        if secret_name in secret_created:
+            events.append(("Normal", f"{reason}KeyCreated", f"generated {what} in Secret {secret_name}"))
+        elif (given or not apply) and not kube.secret_exists(ns, secret_name):
+            degraded.append((f"{reason}SecretMissing", f"Secret {secret_name} with {what} does not exist"))
 
     deleted: list[str] = []
     template_hash = None if no_restarts else kube.template_hash(ns, name)  # no stale pod: nothing to delete

@@ -19,12 +19,13 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from hicache_operator import flags, labels
+from hicache_operator import engine, flags, labels
 from hicache_operator.spec import GROUP, KIND, VERSION, HiCacheDeploymentSpec
 
 ADMIN_SECRET_KEY = "admin-api-key"
+API_SECRET_KEY = "api-key"
 CONTAINER = "runtime"
 RUN_AS = 1000
 # Volumes every pod gets (name -> mount path); extraVolumes and extraVolumeMounts must not clash.
@@ -45,7 +46,7 @@ class Owner:
 
 def names(name: str) -> dict[str, str]:
     return {"statefulset": name, "service": name, "headless": f"{name}-pods", "configmap": f"{name}-storage",
-            "secret": f"{name}-admin", "pdb": name}
+            "secret": f"{name}-admin", "apiSecret": f"{name}-api", "pdb": name}
 
 
 def digest(obj: Any) -> str:
@@ -93,9 +94,25 @@ def host_pool_text(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None) -
     return f"{value}GB/rank{suffix}"
 
 
+def uses_api_key(spec: HiCacheDeploymentSpec) -> bool:
+    """SGLang serves /server_info (resolved args, admin key included) to anyone unless --api-key is
+    set, so its pods always get one; the bundled runtime redacts keys and takes one when given."""
+    return spec.engine == "sglang" or spec.api_key_secret_ref is not None
+
+
+def secret_ref(spec: HiCacheDeploymentSpec, owner_name: str, which: str) -> tuple[str, str]:
+    """(Secret name, data key) of the admin key (``which`` "admin") or the clients' key ("api")."""
+    ref = spec.admin_key_secret_ref if which == "admin" else spec.api_key_secret_ref
+    if ref is not None:
+        return ref.name, ref.key
+    return (names(owner_name)["secret"], ADMIN_SECRET_KEY) if which == "admin" else \
+        (names(owner_name)["apiSecret"], API_SECRET_KEY)
+
+
 def args(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, *, include_storage: bool = True) -> list[str]:
     return flags.render_args(spec.dump(), spec.engine, host_pool=host_pool_flag(spec, sizing),
-                             include_storage=include_storage)
+                             include_storage=include_storage, api_key=uses_api_key(spec),
+                             legacy_dp_attention=engine.lacks(spec, "attn_dp_size_flag"))
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -119,8 +136,7 @@ def mooncake_env(spec: HiCacheDeploymentSpec) -> list[dict[str, Any]]:
 
 
 def _env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool) -> list[dict[str, Any]]:
-    ref = spec.admin_key_secret_ref
-    secret_name, secret_key = (ref.name, ref.key) if ref else (names(owner.name)["secret"], ADMIN_SECRET_KEY)
+    secret_name, secret_key = secret_ref(spec, owner.name, "admin")
     env = [
         _field_env("POD_IP", "status.podIP"),
         _field_env("POD_NAME", "metadata.name"),
@@ -129,6 +145,12 @@ def _env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool) -> li
         {"name": flags.ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_key}}},
         {"name": "HOME", "value": "/tmp"},
     ]
+    if engine.version(spec):
+        # the release the flags were rendered for (the local test cluster's SGLang stand-in checks them with it)
+        env.append({"name": "HICACHE_ENGINE_VERSION", "value": engine.version(spec)})
+    if uses_api_key(spec):
+        api_name, api_key = secret_ref(spec, owner.name, "api")
+        env.append({"name": flags.API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": api_name, "key": api_key}}})
     if include_storage:
         env += mooncake_env(spec)
     return env
@@ -204,7 +226,9 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, own
         "volumes": [
             {"name": "storage-config", "configMap": {"name": names(owner.name)["configmap"]}},
             {"name": "tmp", "emptyDir": {}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            # memory-backed: counted in the pod's memory (status.sizing shmBytes), so bounded
+            {"name": "dshm", "emptyDir": {"medium": "Memory",
+                                          "sizeLimit": f"{int(spec.hicache.host_pool.shm_gib * 1024)}Mi"}},
             *spec.extra_volumes,
         ],
     }
@@ -287,11 +311,21 @@ def configmap(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
     })
 
 
-def admin_secret(owner: Owner, key: str) -> dict[str, Any]:
+def generated_secrets(spec: HiCacheDeploymentSpec, owner: Owner, new_key: Callable[[], str]) -> list[dict[str, Any]]:
+    """The key Secrets the operator creates (once, never applied) because the spec names none."""
+    out = []
+    if spec.admin_key_secret_ref is None:
+        out.append(_secret(owner, names(owner.name)["secret"], "admin-key", ADMIN_SECRET_KEY, new_key()))
+    if uses_api_key(spec) and spec.api_key_secret_ref is None:
+        out.append(_secret(owner, names(owner.name)["apiSecret"], "api-key", API_SECRET_KEY, new_key()))
+    return out
+
+
+def _secret(owner: Owner, name: str, component: str, field: str, key: str) -> dict[str, Any]:
     return _stamp({
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": _meta(owner, names(owner.name)["secret"], "admin-key"),
-        "data": {ADMIN_SECRET_KEY: base64.b64encode(key.encode()).decode()},
+        "metadata": _meta(owner, name, component),
+        "data": {field: base64.b64encode(key.encode()).decode()},
     })
 
 
@@ -308,7 +342,7 @@ def children(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owner: 
              process_backed: bool = False) -> list[dict[str, Any]]:
     """The applied children, in apply order (the StatefulSet last, after what its pods mount).
 
-    The admin Secret is not among them: ``admin_secret`` renders it only when the caller found
-    none, and it is created, never applied, so an existing key cannot be rotated by a re-render."""
+    The key Secrets are not among them: ``generated_secrets`` renders them, and they are created,
+    never applied, so an existing key cannot be rotated by a re-render."""
     return [configmap(spec, owner), headless_service(owner), service(owner), pdb(spec, owner),
             statefulset(spec, sizing, owner, process_backed=process_backed)]

@@ -92,8 +92,23 @@ RULES: tuple[Rule, ...] = (
          "no node can take a pod of this deployment (needs {gpus} nvidia.com/gpu and must match "
          "nodeSelector, required node affinity and tolerations): {why}"),
     Rule("host-pool-exceeds-node", "error",
-         "host pool does not fit the node: {ranks} ranks x {per_rank} + {overhead} overhead = "
-         "{total} exceeds the allocatable memory {alloc} of node {node}: {fix}"),
+         "host pool does not fit the node: {ranks} x {per_rank} (pools, see status.sizing) + {overhead} "
+         "(processes, /dev/shm, Mooncake segment, engine reserve) = {total} exceeds the allocatable memory "
+         "{alloc} of node {node}: {fix}"),
+    Rule("mooncake-segment-size", "error",
+         "Mooncake global_segment_size {value!r} is neither bytes nor '<N>gb': write e.g. 68719476736 or '64gb'"),
+    Rule("engine-version-unknown", "error",
+         "engine sglang: the SGLang release cannot be read from image {image!r}: set spec.engineVersion "
+         "(e.g. 0.5.23) to the release the image runs"),
+    Rule("engine-version-unsupported", "error",
+         "SGLang {version} is older than {oldest}, the oldest release the operator supports ({why}): use an "
+         "image of SGLang {oldest} or newer"),
+    Rule("engine-version-feature", "error",
+         "SGLang {version} lacks {what}, which this spec uses: it needs SGLang {minimum} or newer; use a newer "
+         "image (and spec.engineVersion if its tag does not say the release)"),
+    Rule("file-storage-dir-key", "error",
+         "hicache.storage.extraConfig.storage_dir is not read by SGLang (pages would land in /tmp/hicache): "
+         "name the directory file_storage_path"),
     Rule("host-pool-too-small", "error",
          "hicache.hostPool.fromNodeMemory leaves {per_rank} per rank on node {node}, below the 1 GB "
          "step of --hicache-size: raise fraction, lower reserveGiB, or use hostPool.ratio"),
@@ -121,6 +136,12 @@ RULES: tuple[Rule, ...] = (
     Rule("extra-config-unknown-key", "warning",
          "hicache.storage.extraConfig.{key} is not a key the {backend} backend knows; it is passed "
          "through but probably ignored (known: {known})"),
+    Rule("engine-version-unchecked", "warning",
+         "SGLang {version} is newer than {newest}, the newest release the operator was checked against; "
+         "flags are rendered as for {newest}"),
+    Rule("file-storage-not-shared", "warning",
+         "the file backend writes to {path}, which is not under any extraVolumeMounts path: L3 stays inside "
+         "each pod and is lost with it; mount a shared volume (e.g. a ReadWriteMany PVC) there"),
     Rule("write-back-allowed", "warning",
          "hicache.writePolicy write_back is allowed by allowWriteBack; SGLang has crashed under load "
          "with it (sgl-project/sglang#19212)"),

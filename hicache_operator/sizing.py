@@ -5,10 +5,21 @@ ranks per node = tp x pp. A node is eligible when it is schedulable, matches nod
 the required node affinity, has all its NoSchedule/NoExecute taints tolerated, and has at least tp x pp allocatable nvidia.com/gpu. Pools are sized for the SMALLEST eligible
 node so every pod fits wherever it lands.
 
-fromNodeMemory: per-rank budget = (allocatable x fraction - reserve) / ranks per node, rounded
-down to whole pages of the model's bytes per token and then to the whole GB that SGLang's
-integer ``--hicache-size`` takes (SGLang adds one page to what the GB buys; that page is
-counted). The pod's memory request and limit are ranks x pool + overhead.
+Pod memory (request = limit) counts every term the pod's memory cgroup will hold: the host
+pools, the processes themselves (``overheadGiB``), the memory-backed ``/dev/shm`` (``shmGiB``),
+the Mooncake global segment the pod lends to the store (one per pod: the engines split it across
+their ranks), and, for SGLang releases that check host headroom, what that check demands. SGLang
+refuses a rank's pool P unless P <= (limit - usage - 10 GiB) / ranks at the moment that rank
+allocates; ranks allocate concurrently, so the last rank may already see its r - 1 peers' pools
+in the usage. The limit that passes for every rank is therefore
+
+    overhead + shm + segment + 10 GiB + (2r - 1) x P          (SGLang with the check)
+    overhead + shm + segment + r x P                         (otherwise)
+
+fromNodeMemory: the pod's limit may take ``allocatable x fraction - reserve``; P is what is
+left after the fixed terms, divided by the pools' multiplier (2r - 1 or r), rounded down to
+whole pages of the model's bytes per token and then to the whole GB that SGLang's integer
+``--hicache-size`` takes (SGLang adds one page to what the GB buys; that page is counted).
 
 The result is pinned in status (with a hash of its inputs) and reused while those inputs are
 unchanged, so a node joining or leaving never restarts pods by itself; ``reevaluate`` reports
@@ -26,12 +37,14 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from hicache_operator import model_shapes
+from hicache_operator import engine, model_shapes
 from hicache_operator.spec import HiCacheDeploymentSpec
 
 GB = 10**9
 GIB = 2**30
 GPU = "nvidia.com/gpu"
+# What a Mooncake client lends when global_segment_size is unset (SGLang's and the runtime's default).
+DEFAULT_SEGMENT_BYTES = 4 * GIB
 
 
 class SizingError(Exception):
@@ -220,6 +233,32 @@ def memory_quantity(n: int) -> str:
     return f"{-(-n // 2**20)}Mi"
 
 
+def segment_bytes(value: Any) -> int:
+    """A Mooncake ``global_segment_size`` as SGLang reads it: bytes, or ``"<N>gb"`` meaning N GiB."""
+    text = str(value).strip().lower()
+    try:
+        return int(text[:-2].strip()) * GIB if text.endswith("gb") else int(text)
+    except ValueError as exc:
+        raise SizingError("mooncake-segment-size", value=value) from exc
+
+
+def fixed_terms(spec: HiCacheDeploymentSpec) -> dict[str, int]:
+    """Pod memory beside the host pools, by term (bytes)."""
+    pool, st = spec.hicache.host_pool, spec.hicache.storage
+    terms = {"overheadBytes": int(pool.overhead_gib * GIB), "shmBytes": int(pool.shm_gib * GIB)}
+    if st.backend == "mooncake":
+        size = st.extra_config.get("global_segment_size")
+        terms["mooncakeSegmentBytes"] = DEFAULT_SEGMENT_BYTES if size is None else segment_bytes(size)
+    terms["engineReserveBytes"] = engine.host_reserve_bytes(spec)
+    return terms
+
+
+def pool_multiplier(spec: HiCacheDeploymentSpec) -> int:
+    """How many pools' worth of memory the limit must hold (see the module docstring)."""
+    ranks = spec.ranks_per_pod
+    return 2 * ranks - 1 if engine.host_reserve_bytes(spec) else ranks
+
+
 def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, Any]:
     """The sizing record for status (camelCase). Raises SizingError.
 
@@ -228,11 +267,13 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, 
     """
     pool = spec.hicache.host_pool
     ranks = spec.ranks_per_pod
-    overhead = int(pool.overhead_gib * GIB)
+    terms = fixed_terms(spec)
+    fixed = sum(terms.values())
+    multiplier = pool_multiplier(spec)
     shape = shape_for(spec)
     bpt = model_shapes.bytes_per_token(shape, spec.parallelism.tp, spec.parallelism.pp) if shape else None
-    rec: dict[str, Any] = {"inputsHash": inputs_hash(spec), "ranksPerNode": ranks, "overheadBytes": overhead,
-                           "pageSize": spec.page_size, "bytesPerToken": bpt}
+    rec: dict[str, Any] = {"inputsHash": inputs_hash(spec), "ranksPerNode": ranks, **terms,
+                           "poolMultiplier": multiplier, "pageSize": spec.page_size, "bytesPerToken": bpt}
     smallest: NodeInfo | None = None
     if nodes is not None:
         eligible, excluded = eligible_nodes(spec, nodes)
@@ -252,7 +293,8 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, 
         assert smallest is not None
         fnm = pool.from_node_memory
         reserve = int(fnm.reserve_gib * GIB)
-        budget = (smallest.memory * fnm.fraction - reserve) / ranks
+        pod_budget = smallest.memory * fnm.fraction - reserve
+        budget = (pod_budget - fixed) / multiplier
         gb = int(budget // GB)
         while gb >= 1 and pool_bytes_for_tokens(gb * GB // bpt, spec.page_size, bpt)[1] > budget:
             gb -= 1
@@ -261,8 +303,9 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, 
         pages, per_rank = pool_bytes_for_tokens(gb * GB // bpt, spec.page_size, bpt)
         rec.update(mode="fromNodeMemory", fraction=fnm.fraction, reserveBytes=reserve, budgetPerRankBytes=int(budget),
                    hicacheSizeGB=gb, hostPoolPagesPerRank=pages, hostPoolTokensPerRank=pages * spec.page_size,
-                   formula=(f"({smallest.memory} x {fnm.fraction} - {reserve}) / {ranks} = {int(budget)} B per rank "
-                            f"-> {gb} GB (--hicache-size) = {pages} pages x {spec.page_size} tokens x {bpt} B"))
+                   budgetFormula=(f"({smallest.memory} x {fnm.fraction} - {reserve} - {fixed}) / {multiplier} = "
+                                  f"{int(budget)} B per rank -> {gb} GB (--hicache-size) = {pages} pages x "
+                                  f"{spec.page_size} tokens x {bpt} B"))
     elif pool.size_gb_per_rank is not None:
         gb = pool.size_gb_per_rank
         if bpt is not None:
@@ -280,15 +323,22 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, 
     if per_rank is None:
         rec["note"] = "host pool depends on the device pool size the engine picks; pod memory is not set"
         return rec
-    total = ranks * per_rank + overhead
-    rec.update(hostPoolBytesPerRank=per_rank, podMemoryBytes=total, podMemory=memory_quantity(total))
+    total = fixed + multiplier * per_rank
+    rec.update(hostPoolBytesPerRank=per_rank, podMemoryBytes=total, podMemory=memory_quantity(total),
+               formula=" + ".join(f"{v} ({k.removesuffix('Bytes')})" for k, v in terms.items() if v)
+               + f" + {multiplier} x {per_rank} (host pools) = {total} B")
+    if terms["engineReserveBytes"]:
+        usage = terms["overheadBytes"] + terms["shmBytes"] + terms.get("mooncakeSegmentBytes", 0) + (ranks - 1) * per_rank
+        rec["engineHeadroomCheck"] = (
+            f"last rank to allocate: ({total} limit - {usage} in use - {terms['engineReserveBytes']} reserve) / {ranks} "
+            f"= {(total - usage - terms['engineReserveBytes']) // ranks} B >= {per_rank} B pool")
     if smallest is not None and total > smallest.memory:
-        max_gb = max(0, (smallest.memory - overhead) // ranks // GB)
+        max_gb = max(0, (smallest.memory - fixed) // multiplier // GB)
         fix = ("lower fraction or reserve more" if pool.from_node_memory is not None else
                f"lower hicache.hostPool.sizeGBPerRank to at most {max_gb} or use hostPool.fromNodeMemory"
                if pool.size_gb_per_rank is not None else "lower hicache.hostPool.ratio or maxTotalTokens")
-        raise SizingError("host-pool-exceeds-node", ranks=ranks, per_rank=fmt_bytes(per_rank),
-                          overhead=fmt_bytes(overhead), total=fmt_bytes(total), alloc=fmt_bytes(smallest.memory),
+        raise SizingError("host-pool-exceeds-node", ranks=multiplier, per_rank=fmt_bytes(per_rank),
+                          overhead=fmt_bytes(fixed), total=fmt_bytes(total), alloc=fmt_bytes(smallest.memory),
                           node=smallest.name, fix=fix)
     return rec
 

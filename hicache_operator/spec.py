@@ -53,7 +53,8 @@ class Parallelism(_Model):
 
 
 class FromNodeMemory(_Model):
-    fraction: float = Field(0.8, gt=0, le=1, description="Share of the node's allocatable memory given to host pools.")
+    fraction: float = Field(0.8, gt=0, le=1, description="Share of the node's allocatable memory the pod's memory limit may take "
+                                                          "(host pools and every other term of status.sizing).")
     reserve_gib: float = Field(16.0, ge=0, alias="reserveGiB",
                                description="GiB of that share kept back for the OS and daemons.")
 
@@ -66,8 +67,12 @@ class HostPool(_Model):
                                          description=flags.flag("hicache.hostPool.sizeGBPerRank").help)
     from_node_memory: FromNodeMemory | None = Field(
         None, description="Size each rank's pool from the smallest eligible node's allocatable memory.")
-    overhead_gib: float = Field(10.0, ge=0, alias="overheadGiB",
-                                description="Pod memory beyond the host pools (process, CUDA context, buffers).")
+    overhead_gib: float = Field(8.0, ge=0, alias="overheadGiB",
+                                description="Pod memory for the serving processes themselves (Python, CUDA contexts, "
+                                            "buffers), beside the host pools, the Mooncake segment, /dev/shm and "
+                                            "the engine's own host-memory reserve.")
+    shm_gib: float = Field(2.0, gt=0, alias="shmGiB",
+                           description="Size of the pod's memory-backed /dev/shm (NCCL, IPC); counted in the pod's memory.")
 
 
 class Mooncake(_Model):
@@ -128,6 +133,10 @@ class SecretKeyRef(_Model):
     key: str = Field("admin-api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
+class ApiKeySecretRef(SecretKeyRef):
+    key: str = Field("api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
 class Testing(_Model):
     process_backed: bool = Field(False, description="Test clusters only: annotate pods so the local harness runs their command as a process.")
 
@@ -138,6 +147,10 @@ class HiCacheDeploymentSpec(_Model):
     # The API server refuses an image with leading or trailing whitespace.
     image: str = Field(min_length=1, max_length=512, pattern=r"^\S(.*\S)?$")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    engine_version: str | None = Field(
+        None, pattern=r"^\d+\.\d+\.\d+(\.post\d+)?$",
+        description="SGLang release the image runs (e.g. 0.5.23), for the engine's feature checks; unset: read "
+                    "from the image tag (lmsysorg/sglang:v0.5.23-cu129 -> 0.5.23).")
     model: str = _from_flag("model", min_length=1, max_length=512)
     model_shape: ModelShape | None = None
     replicas: int = Field(1, ge=0, le=INT32_MAX)
@@ -156,6 +169,10 @@ class HiCacheDeploymentSpec(_Model):
     extra_volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
     admin_key_secret_ref: SecretKeyRef | None = Field(
         None, description="Secret holding the admin API key; unset: the operator generates one.")
+    api_key_secret_ref: ApiKeySecretRef | None = Field(
+        None, description="Secret holding the clients' API key (--api-key). engine sglang always has one (unset: "
+                          "the operator generates <name>-api), since without it SGLang serves /server_info, admin "
+                          "key included, to anyone; engine bundled uses it when set.")
     testing: Testing | None = None
 
     @property

@@ -15,11 +15,12 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 from pydantic import ValidationError
 
-from hicache_operator import flags, render, sizing
+from hicache_operator import engine, engine_versions, flags, render, sizing
 from hicache_operator.rules import rule
 from hicache_operator.spec import HiCacheDeploymentSpec
 
 DYNAMIC_REQUIRED = ("backend_name", "module_path", "class_name")
+DEFAULT_FILE_STORAGE_PATH = "/tmp/hicache"  # SGLang's HiCacheFile default, and the runtime's
 MOONCAKE_DEFAULTS = {"protocol": "tcp", "metadata_server": "P2PHANDSHAKE"}
 
 
@@ -104,6 +105,39 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
         missing = [k for k in DYNAMIC_REQUIRED if not storage.extra_config.get(k)]
         if missing:
             out.append(finding("dynamic-backend-config", missing=", ".join(missing)))
+    if storage.backend == "file":
+        out += check_file_storage(spec)
+    return out + check_engine(spec)
+
+
+def check_file_storage(spec: HiCacheDeploymentSpec) -> list[Finding]:
+    """The file backend's directory, read as both engines read it: extraConfig file_storage_path,
+    else /tmp/hicache (the pod's own emptyDir)."""
+    extra = spec.hicache.storage.extra_config
+    if "storage_dir" in extra:
+        return [finding("file-storage-dir-key")]
+    path = str(extra.get("file_storage_path") or DEFAULT_FILE_STORAGE_PATH).rstrip("/")
+    mounts = [str(m.get("mountPath", "")).rstrip("/") for m in spec.extra_volume_mounts if isinstance(m, dict)]
+    if not any(m and (path == m or path.startswith(m + "/")) for m in mounts):
+        return [finding("file-storage-not-shared", path=path)]
+    return []
+
+
+def check_engine(spec: HiCacheDeploymentSpec) -> list[Finding]:
+    """The SGLang release the pods run has every feature the spec makes the operator use."""
+    if spec.engine != "sglang":
+        return []
+    version = engine.version(spec)
+    if version is None:
+        return [finding("engine-version-unknown", image=spec.image)]
+    if not engine_versions.supported(version):
+        lacking = engine_versions.missing(version, engine_versions.REQUIRED)
+        return [finding("engine-version-unsupported", version=version, oldest=engine_versions.OLDEST_SUPPORTED,
+                        why="it lacks " + ", ".join(f.what for f in lacking) if lacking else "never checked")]
+    out = [finding("engine-version-feature", version=version, what=f.what, minimum=f.min_version)
+           for f in engine_versions.missing(version, engine_versions.used_by(spec.dump()))]
+    if engine_versions.newer_than_checked(version):
+        out.append(finding("engine-version-unchecked", version=version, newest=engine_versions.NEWEST_CHECKED))
     return out
 
 

@@ -125,7 +125,7 @@ def inside() -> int:
     l3 = WORKDIR / "l3-file"
     kubectl("patch", "hcd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(
         {"spec": {"hicache": {"storage": {"backend": "file", "prefetchPolicy": "wait_complete",
-                                          "extraConfig": {"storage_dir": str(l3),
+                                          "extraConfig": {"file_storage_path": str(l3),
                                                           # the demo's prompts are ~100 tokens: fetch from 16 up
                                                           "prefetch_threshold": 16}}}}}))
     from kubernetes import config

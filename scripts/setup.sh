@@ -2,6 +2,7 @@
 # Sets up everything the project needs on a fresh machine; idempotent and quick when warm.
 #   - a Python virtualenv in .venv with the package and its runtime/dev extras
 #   - the real Mooncake store (L3 tests) and its one system library
+#   - the real `sglang` package, oldest supported and newest checked release, for the tests
 #   - the embedded default checkpoint the samples, demo and e2e fleets serve (~0.5 GB)
 #   - the local control plane's binaries (Go build, cached outside the repo)
 set -euo pipefail
@@ -23,6 +24,9 @@ fi
 
 step "Mooncake store (real L3 backend)"
 if [[ -x scripts/install-mooncake.sh ]]; then bash scripts/install-mooncake.sh "$VENV"; fi
+
+step "real SGLang releases as test oracles (CPU import, --no-deps)"
+bash scripts/install-sglang.sh "$VENV"
 
 step "embedded default checkpoint (random-weight LlamaForCausalLM, locally trained tokenizer)"
 MODELS="${HICACHE_MODELS_DIR:-$HOME/.cache/hicache-operator/models}"

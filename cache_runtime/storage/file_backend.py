@@ -1,18 +1,37 @@
-"""``file`` L3 backend: one file per page in a directory (SGLang's ``HiCacheFile`` naming).
+"""``file`` L3 backend: one file per page in a directory, shared with SGLang's ``HiCacheFile``.
 
-File name: ``<key>_<model with '/' -> '-'>[_<tp_rank>_<tp_size> unless MLA][_<pp_size>_<pp_rank> if pp>1].bin``
-so several models and ranks can share one directory, and SGLang and this runtime find each
-other's pages. Directory: extra_config ``storage_dir``, else ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``,
-else ``/tmp/hicache``.
+File name, SGLang's own:
+``<key>_<model with '/' -> '-'>[_<tp_rank>_<tp_size> unless MLA][_<pp_size>_<pp_rank> if pp>1].bin``,
+so several models and ranks share one directory and SGLang and this runtime find each other's
+pages. Directory, in SGLang's order: env ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``,
+else extra_config ``file_storage_path``, else ``/tmp/hicache``.
 
-Writes go to a unique temp file that is renamed into place (``os.replace`` is atomic on POSIX),
-so a reader sees either no page or a whole one, and a crashed writer leaves only a temp file.
-Every page carries an integrity trailer (``page_trailer.py``); a page that fails it is deleted
-and reported as a miss, so the next backup rewrites it.
+What a page file may hold, and how a read decides (the caller states the page size it expects,
+as a target tensor or ``target_sizes``):
+
+- exactly the page bytes: how SGLang writes. Served when the file size equals the expected size,
+  which only a whole page reaches: SGLang 0.5.21 and later publish a page by renaming a complete
+  temp file, 0.5.9 writes it in place, front to back. Its content cannot be checked further
+  (SGLang stores no checksum).
+- the page bytes plus this runtime's 16-byte trailer (``page_trailer.py``: length + CRC-32):
+  served when the trailer's length is the expected size and the CRC matches. SGLang reads these
+  files too: it reads exactly the page size from offset 0 and never looks at the trailer.
+- anything else (short, torn, another page size, a trailer whose CRC fails): a miss. Without a
+  stated size, only a trailer-verified page is served, since a bare file's size is its only check.
+
+A page that fails its check is reported and left alone: it may be SGLang's, or another engine's
+page of another shape under the same name, and a damaged page of ours cannot be told from those,
+so no read or write deletes or replaces an existing file. Writes skip a key whose file exists
+(SGLang does the same) and publish a complete temp file with ``os.link``, which fails rather than
+replacing a page another engine published meanwhile; only on a filesystem without hard links does
+it fall back to SGLang's check-then-rename. A crashed writer leaves only a temp file. Files are
+deleted only by the optional size cap (``file_eviction.py``) and by ``clear()``, which act on this
+model/rank's file names whoever wrote them, as SGLang's evictor and clear do.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -35,7 +54,9 @@ from cache_runtime.storage.file_eviction import FileEvictor
 log = logging.getLogger(__name__)
 
 DEFAULT_DIR = "/tmp/hicache"
-EXTRA_CONFIG_KEYS = {"storage_dir", "max_size", "min_free_space", "eviction_ratio"}
+DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+EXTRA_CONFIG_KEYS = {"file_storage_path", "max_size", "min_free_space", "eviction_ratio"}
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS}  # what link(2) says on filesystems without them
 
 
 def config_suffix(config: HiCacheStorageConfig) -> str:
@@ -48,11 +69,36 @@ def config_suffix(config: HiCacheStorageConfig) -> str:
     return suffix
 
 
+def _read_exact(fd: int, buf: memoryview) -> bool:
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], got)
+        if n <= 0:
+            return False
+        got += n
+    return True
+
+
+def _publish(tmp: str, path: str) -> bool:
+    """Give the finished temp file the page's name unless a file already has it; False if one does."""
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+    if os.path.lexists(path):
+        return False
+    os.replace(tmp, path)
+    return True
+
+
 class HiCacheFile(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, file_path: str = DEFAULT_DIR) -> None:
         extra = storage_config.extra_config or {}
-        self.file_path = (extra.get("storage_dir") or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
-                          or file_path)
+        self.file_path = os.environ.get(DIR_ENV) or extra.get("file_storage_path") or file_path
         self.suffix = config_suffix(storage_config)
         self._ensure_dir()
         self._evictor = FileEvictor(self.file_path, self.suffix, extra)
@@ -78,20 +124,16 @@ class HiCacheFile(HiCacheStorage):
             raise ValueError(f"invalid storage key {key!r}")
         return f"{key}{self.suffix}.bin"
 
-    def _drop_corrupt(self, name: str, why: str) -> None:
-        log.warning("file backend: page %s is damaged (%s); deleting it", name, why)
-        self._count("corrupt")
-        self._evictor.forget(name)
-        try:
-            os.remove(os.path.join(self.file_path, name))
-        except OSError:
-            pass
+    def _reject(self, name: str, why: str) -> None:
+        log.warning("file backend: page %s is not usable (%s); treating it as a miss", name, why)
+        self._count("unusable_pages")
 
     # -- reads ---------------------------------------------------------------------------------
 
     def _read(self, key: str, target_location, target_sizes) -> torch.Tensor | None:
         name = self._name(key)
         target = None if target_location is None else as_byte_view(target_location, "target_location")
+        expected = target.numel() if target is not None else None if target_sizes is None else int(target_sizes)
         try:
             fd = os.open(os.path.join(self.file_path, name), os.O_RDONLY)
         except FileNotFoundError:
@@ -101,41 +143,39 @@ class HiCacheFile(HiCacheStorage):
             return None
         try:
             size = os.fstat(fd).st_size
-            trailer = os.pread(fd, page_trailer.TRAILER_SIZE, max(0, size - page_trailer.TRAILER_SIZE))
-            length = page_trailer.payload_length(trailer, size)
-            if not length:
-                self._drop_corrupt(name, "bad trailer or length")
-                return None
-            expected = target.numel() if target is not None else target_sizes
-            if expected is not None and int(expected) != length:
-                log.warning("file backend: page %s holds %d bytes, caller expects %d", name, length, int(expected))
-                return None
+            if expected is not None and size == expected:  # a bare page, as SGLang writes them
+                trailer = None
+                length = size
+            else:
+                trailer = os.pread(fd, page_trailer.TRAILER_SIZE, max(0, size - page_trailer.TRAILER_SIZE))
+                length = page_trailer.payload_length(trailer, size)
+                if not length or (expected is not None and length != expected):
+                    self._reject(name, f"{size} bytes, no valid trailer and no page size stated" if expected is None
+                                 else f"{size} bytes, expected {expected} (or {expected + page_trailer.TRAILER_SIZE} "
+                                 "with this runtime's trailer)")
+                    return None
             out = target if target is not None else torch.empty(length, dtype=torch.uint8)
             buf = memoryview(out.numpy())
-            got = 0
-            while got < length:
-                n = os.preadv(fd, [buf[got:]], got)
-                if n <= 0:
-                    break
-                got += n
-            if got != length:
-                self._drop_corrupt(name, f"short read {got}/{length}")
+            if not _read_exact(fd, buf):
+                self._reject(name, "short read")
                 return None
-            if not page_trailer.verify(trailer, name, buf):
-                self._drop_corrupt(name, "checksum mismatch")
+            if trailer is not None and not page_trailer.verify(trailer, name, buf):
+                self._reject(name, "checksum mismatch")
                 return None
         except OSError as exc:
             log.warning("file backend: cannot read %s: %s", name, exc)
             return None
         finally:
             os.close(fd)
+        self._count("hits" if trailer is not None else "bare_page_hits")
         self._evictor.touch(name, size)
         return out if target_location is None else target_location
 
     def get(self, key, target_location=None, target_sizes=None):
         self._ensure_dir()
         value = self._read(key, target_location, target_sizes)
-        self._count("hits" if value is not None else "misses")
+        if value is None:
+            self._count("misses")
         return value
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
@@ -146,11 +186,14 @@ class HiCacheFile(HiCacheStorage):
         for i, key in enumerate(keys):
             value = self._read(key, None if target_locations is None else target_locations[i],
                                None if target_sizes is None else target_sizes[i])
-            self._count("hits" if value is not None else "misses")
+            if value is None:
+                self._count("misses")
             out.append(value)
         return out
 
-    def _valid(self, name: str) -> bool:
+    def _plausible(self, name: str) -> bool:
+        """A file is there that a read may serve: a bare page (only a read knows the size it needs), or
+        one of ours whose trailer matches the file size."""
         try:
             fd = os.open(os.path.join(self.file_path, name), os.O_RDONLY)
         except OSError:
@@ -158,54 +201,66 @@ class HiCacheFile(HiCacheStorage):
         try:
             size = os.fstat(fd).st_size
             trailer = os.pread(fd, page_trailer.TRAILER_SIZE, max(0, size - page_trailer.TRAILER_SIZE))
-            return bool(page_trailer.payload_length(trailer, size))
         except OSError:
             return False
         finally:
             os.close(fd)
+        return size > 0 and (not page_trailer.has_magic(trailer) or bool(page_trailer.payload_length(trailer, size)))
 
     def exists(self, key) -> bool:
         self._ensure_dir()
-        return self._valid(self._name(key))
+        return self._plausible(self._name(key))
 
     def batch_exists(self, keys, extra_info=None) -> int:
         self._ensure_dir()
         for i, key in enumerate(keys):
-            if not self._valid(self._name(key)):
+            if not self._plausible(self._name(key)):
                 return i
         return len(keys)
 
     # -- writes --------------------------------------------------------------------------------
+
+    def _skip_existing(self, name: str) -> bool:
+        """True if a file already has the page's name: as SGLang, the key counts as stored and is not rewritten."""
+        try:
+            size = os.stat(os.path.join(self.file_path, name)).st_size
+        except OSError:
+            return False
+        self._evictor.touch(name, size)
+        self._count("writes_skipped_existing")
+        return True
 
     def _write(self, key: str, value) -> bool:
         name = self._name(key)
         data = as_byte_view(value, "value")
         if data.numel() == 0:
             raise ValueError(f"refusing to store an empty page under {key!r}")
-        path = os.path.join(self.file_path, name)
-        if self._valid(name):
-            self._evictor.touch(name, data.numel() + page_trailer.TRAILER_SIZE)
-            self._count("writes_skipped_existing")
+        if self._skip_existing(name):
             return True
         if not self._evictor.reserve(name, data.numel() + page_trailer.TRAILER_SIZE):
             self._count("writes_refused_by_cap")
             return False
+        path = os.path.join(self.file_path, name)
         tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}.{uuid.uuid4().hex}"
         try:
             payload = memoryview(data.numpy())
             with open(tmp, "wb") as f:
                 f.write(payload)
                 f.write(page_trailer.make_trailer(name, payload))
-            os.replace(tmp, path)
+            published = _publish(tmp, path)
         except OSError as exc:
             log.warning("file backend: cannot write %s: %s", name, exc)
             self._evictor.abort(name)
+            self._count("write_failures")
+            return False
+        finally:
             try:
                 os.remove(tmp)
             except OSError:
                 pass
-            self._count("write_failures")
-            return False
+        if not published:  # another writer published this key first: its page stays
+            self._evictor.abort(name)
+            return self._skip_existing(name)
         self._evictor.commit(name)
         self._count("writes")
         return True
@@ -241,7 +296,8 @@ class HiCacheFile(HiCacheStorage):
     def get_stats(self) -> dict:
         with self._stats_lock:
             stats = dict(self._stats)
-        stats.update(backend="file", degraded=False, storage_dir=self.file_path, evictions=self._evictor.evictions)
+        stats.update(backend="file", degraded=False, file_storage_path=self.file_path,
+                     evictions=self._evictor.evictions)
         if self._evictor.enabled:
             stats.update(bytes_used=self._evictor.total_bytes, max_size=self._evictor.max_bytes)
         return stats

@@ -124,11 +124,6 @@ class FileEvictor:
             self._pending.discard(name)
             self.total_bytes -= self._lru.pop(name, 0)
 
-    def forget(self, name: str) -> None:
-        """The file is gone (deleted as corrupt, or cleared)."""
-        with self._lock:
-            self.total_bytes -= self._lru.pop(name, 0)
-
     def reset(self) -> None:
         with self._lock:
             self._lru.clear()

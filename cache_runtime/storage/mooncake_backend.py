@@ -1,9 +1,11 @@
 """``mooncake`` L3 backend on the real ``mooncake.store.MooncakeDistributedStore``.
 
-Keys follow SGLang's ``MooncakeStore``: MHA pages are two objects ``{hash}_{tp_rank}_k`` and
-``{hash}_{tp_rank}_v`` (first and second half of the page bytes; with PP,
-``{hash}_{tp_rank}_{pp_rank}_k|v``); MLA pages are one object ``{hash}_k`` (with PP
-``{hash}_{pp_rank}_k``); an ``extra_backend_tag`` prefixes every key as ``{tag}_{key}``.
+Object keys are SGLang's ``MooncakeStore`` keys, so both engines share one store: every key starts
+with ``[<extra_backend_tag>_]<model with '/' -> '-'>_`` (parts that are unset are left out), then
+the page hash, then the rank part. MHA pages are two objects, ``..._{tp_rank}_k`` and
+``..._{tp_rank}_v`` (with PP ``..._{tp_rank}_{pp_rank}_k|v``), the first and second half of the
+page bytes (SGLang's zero-copy K and V regions of a host page); MLA pages are one object
+``{hash}__k`` (an empty rank part; with PP ``{hash}_{pp_rank}_k``).
 
 Data moves with Mooncake's zero-copy batch calls (``batch_put_from`` / ``batch_get_into``).
 Memory must be registered with the store for that: the engine registers its L2 pool once with
@@ -74,6 +76,14 @@ def wait_for_port(host: str, port: int, deadline_s: float) -> bool:
         time.sleep(0.1)
 
 
+def key_prefix(extra_backend_tag, model_name: str | None) -> str | None:
+    """SGLang's ``config_prefix``: the tag and the model name ('/' -> '-'), joined by '_'; None if neither is set."""
+    parts = [] if extra_backend_tag is None else [str(extra_backend_tag)]
+    if model_name:
+        parts.append("-".join(model_name.split("/")))
+    return "_".join(parts) or None
+
+
 def _merged_ranges(parts: list[torch.Tensor]) -> list[tuple[int, int]]:
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel()) for t in parts if t.numel())
     merged: list[list[int]] = []
@@ -94,14 +104,13 @@ class MooncakeStore(HiCacheStorage):
             self.retry_interval_s = float(extra.get("retry_interval_s", 1.0))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"mooncake backend: master_wait_s / retry_interval_s must be numbers: {exc}") from exc
-        self._tag = None if extra.get("extra_backend_tag") is None else str(extra["extra_backend_tag"])
+        self._prefix = key_prefix(extra.get("extra_backend_tag"), storage_config.model_name)
         self._mla = storage_config.is_mla_model
         if storage_config.pp_size > 1:
-            self._mha_suffix = f"{storage_config.tp_rank}_{storage_config.pp_rank}"
-            self._mla_suffix = f"_{storage_config.pp_rank}"
+            self._rank_part = (f"{storage_config.pp_rank}" if self._mla
+                               else f"{storage_config.tp_rank}_{storage_config.pp_rank}")
         else:
-            self._mha_suffix = f"{storage_config.tp_rank}"
-            self._mla_suffix = ""
+            self._rank_part = "" if self._mla else f"{storage_config.tp_rank}"
 
         try:
             from mooncake.store import MooncakeDistributedStore
@@ -222,10 +231,10 @@ class MooncakeStore(HiCacheStorage):
     def _object_keys(self, key: str) -> list[str]:
         if not isinstance(key, str) or not key:
             raise ValueError(f"invalid storage key {key!r}")
-        base = key if self._tag is None else f"{self._tag}_{key}"
+        base = key if self._prefix is None else f"{self._prefix}_{key}"
         if self._mla:
-            return [f"{base}{self._mla_suffix}_k"]
-        return [f"{base}_{self._mha_suffix}_k", f"{base}_{self._mha_suffix}_v"]
+            return [f"{base}_{self._rank_part}_k"]
+        return [f"{base}_{self._rank_part}_k", f"{base}_{self._rank_part}_v"]
 
     def _split(self, page: torch.Tensor, key: str) -> list[torch.Tensor]:
         if self._mla:
@@ -335,6 +344,9 @@ class MooncakeStore(HiCacheStorage):
     # -- writes --------------------------------------------------------------------------------------
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
+        """Puts only the objects not in the store yet, as SGLang does: an existing object (a whole page, or
+        the surviving half of one, whoever wrote it) is never replaced, and ``batch_put_from`` itself
+        leaves an object that another writer put meanwhile as it is."""
         tensors = values_from(keys, values, target_locations)
         pages = [as_byte_view(t, "value") for t in tensors]
         split = [self._split(p, k) for p, k in zip(pages, keys)]
@@ -342,16 +354,16 @@ class MooncakeStore(HiCacheStorage):
         flags = self._exist_flags(list(keys))
         put_keys, parts = [], []
         for ks, page_parts, page_flags in zip((self._object_keys(k) for k in keys), split, flags):
-            if not all(f == 1 for f in page_flags):  # as SGLang, complete pages are not rewritten
-                put_keys.extend(ks)
-                parts.extend(page_parts)
+            for k, part, flag in zip(ks, page_parts, page_flags):
+                if flag != 1:
+                    put_keys.append(k)
+                    parts.append(part)
         self._stats["writes_skipped_existing"] += sum(all(f == 1 for f in fl) for fl in flags)
         if not put_keys:
             return True
         with self._memory_for(parts) as usable:
-            # upsert, not put: a page with only one half left must get both halves from the same write
-            results = (self._store.batch_upsert_from(put_keys, [p.data_ptr() for p in parts],
-                                                     [p.numel() for p in parts])
+            results = (self._store.batch_put_from(put_keys, [p.data_ptr() for p in parts],
+                                                  [p.numel() for p in parts])
                        if usable else [-1] * len(parts))
         self._check_rpc(results)
         failed = sum(1 for r in results if r != 0)
@@ -368,11 +380,11 @@ class MooncakeStore(HiCacheStorage):
     # -- admin -----------------------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Remove this rank's objects (this tag and key suffix); SGLang instead wipes the whole store."""
+        """Remove this model's and rank's page objects (this prefix and rank part); SGLang wipes the whole store."""
         self._guard()
-        prefix = "" if self._tag is None else re.escape(self._tag) + "_"
-        tail = re.escape(self._mla_suffix) + "_k" if self._mla else "_" + re.escape(self._mha_suffix) + "_[kv]"
-        removed = self._store.remove_by_regex(f"^{prefix}.+{tail}$", True)
+        prefix = "" if self._prefix is None else re.escape(self._prefix) + "_"
+        halves = "k" if self._mla else "[kv]"
+        removed = self._store.remove_by_regex(f"^{prefix}[0-9a-f]{{64}}_{re.escape(self._rank_part)}_{halves}$", True)
         self._check_rpc([removed])
         log.info("mooncake backend: cleared %s objects", removed)
 

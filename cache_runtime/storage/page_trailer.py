@@ -1,4 +1,4 @@
-"""Integrity trailer appended to every page file, so damaged pages read as misses, never as wrong KV.
+"""Integrity trailer appended to every page file this runtime writes, so damage reads as a miss, never as wrong KV.
 
 Layout (16 bytes, little-endian) after the raw page bytes::
 
@@ -6,7 +6,8 @@ Layout (16 bytes, little-endian) after the raw page bytes::
 
 Why a *trailer* and not a header: the payload stays at offset 0, so SGLang's own
 ``HiCacheFile`` (which ``readinto``s exactly the page size from the start of the file) still
-reads our files byte-exactly; only the integrity check is ours.
+reads our files byte-exactly; only the integrity check is ours. SGLang's own page files carry
+no trailer; ``file_backend.py`` says how those are checked.
 
 Why CRC-32: it is what zlib ships in the standard library, runs at GB/s (no extra dependency),
 detects every single-bit flip and every burst up to 32 bits, and misses random damage with
@@ -33,6 +34,11 @@ def _crc(name: str, payload) -> int:
 def make_trailer(name: str, payload) -> bytes:
     """``payload``: any buffer (bytes, memoryview, numpy array) holding the page bytes."""
     return _LAYOUT.pack(MAGIC, len(memoryview(payload).cast("B")), _crc(name, payload))
+
+
+def has_magic(trailer: bytes) -> bool:
+    """The last bytes of a file start like one of our trailers (bare pages almost never do: 2**-32)."""
+    return trailer[:4] == MAGIC
 
 
 def payload_length(trailer: bytes, file_size: int) -> int | None:

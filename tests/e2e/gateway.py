@@ -46,8 +46,10 @@ class LoadReport:
 
 class Gateway:
     def __init__(self, api: client.ApiClient, namespace: str, service: str, port: int = 30000,
-                 *, concurrency: int = 3, max_new_tokens: int = 8, turns: int = 4, seed: int = 0):
+                 *, concurrency: int = 3, max_new_tokens: int = 8, turns: int = 4, seed: int = 0,
+                 api_key: str | None = None):
         self.discovery = client.DiscoveryV1Api(api)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.ns, self.service, self.port = namespace, service, port
         self.ready: dict[str, set[str]] = {}  # slice name -> ready IPs
         self.lock = threading.Lock()
@@ -86,7 +88,7 @@ class Gateway:
     # ---- traffic ----------------------------------------------------------------------
     def _client_loop(self, idx: int) -> None:
         rng = random.Random(idx)
-        with httpx.Client(timeout=60) as http:
+        with httpx.Client(timeout=60, headers=self.headers) as http:
             while not self.stop_event.is_set():
                 convo = f"conversation {idx}-{rng.randrange(10**6)}: " + "the quick brown fox " * 20
                 for turn in range(self.turns):

@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from hicache_operator import engine_versions
 from tests.e2e.gateway import Gateway
 from tests.e2e.helpers import OperatorProcess, condition, kget, wait_for
 from tests.support.mooncake import free_port, master_binary, start_master
@@ -48,7 +49,7 @@ def storage(env, kind: str, **kw) -> dict:
     if kind == "none":
         return {"backend": "none"}
     if kind == "file":
-        return {"backend": "file", "extraConfig": {"storage_dir": str(env["dir"] / "l3-file")}, **kw}
+        return {"backend": "file", "extraConfig": {"file_storage_path": str(env["dir"] / "l3-file")}, **kw}
     master = kw.pop("master", env["master"].address)
     return {"backend": "mooncake", "mooncake": {"masterAddress": master, "protocol": "tcp",
                                                 "metadataServer": "P2PHANDSHAKE", "globalSegmentSize": 268435456},
@@ -240,7 +241,7 @@ def test_sglang_engine_swap_through_sglang_api_only(env):
     must work through SGLang's own routes, auth header and metrics alone."""
     c, name = env["cluster"], "sgl"
     doc = deployment(env, name=name, replicas=2)
-    doc["spec"].update(engine="sglang", model="test-org/tiny-sglang",
+    doc["spec"].update(engine="sglang", model="test-org/tiny-sglang", engineVersion=engine_versions.NEWEST_CHECKED,
                        modelShape={"numLayers": 4, "numKvHeads": 4, "headDim": 32, "dtypeBytes": 4})
     c.kubectl_apply([doc])
     wait_for(lambda: fleet_ready(env, name), timeout=240, what="sglang-engine pods ready")
@@ -248,7 +249,11 @@ def test_sglang_engine_swap_through_sglang_api_only(env):
     assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "sglang.launch_server"]
     ip = pod["status"]["podIP"]
     assert httpx.get(f"http://{ip}:30000/ready", timeout=5).status_code == 404  # SGLang has no such route
-    gw = Gateway(c.api_client(), env["ns"], name, concurrency=2).start()
+    # clients need the generated key: SGLang would answer /server_info (admin key included) to anyone
+    secret = kget(c, "secret", f"{name}-api", "-n", env["ns"])
+    api_key = base64.b64decode(secret["data"]["api-key"]).decode()
+    assert httpx.get(f"http://{ip}:30000/server_info", timeout=5).status_code == 401
+    gw = Gateway(c.api_client(), env["ns"], name, concurrency=2, api_key=api_key).start()
     try:
         for st, backend in [(storage(env, "file"), "file"), (storage(env, "none"), "none")]:
             patch_storage(env, st, name=name)

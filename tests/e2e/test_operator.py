@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hicache_operator import engine_versions
 from tests.e2e.helpers import OperatorProcess, condition, kget, wait_for
+from tests.support import sglang_oracle
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +84,8 @@ def check_fleet(cluster, ns: str, name: str, replicas: int) -> tuple[dict, list[
                     what="all five kinds of children")
     assert set(kids["services"]) == {name, f"{name}-pods"}
     assert kids["statefulsets"] == [name] and kids["poddisruptionbudgets"] == [name]
-    assert kids["configmaps"] == [f"{name}-storage"] and kids["secrets"] == [f"{name}-admin"]
+    keys = [f"{name}-admin"] + ([f"{name}-api"] if obj["spec"].get("engine") == "sglang" else [])
+    assert kids["configmaps"] == [f"{name}-storage"] and sorted(kids["secrets"]) == keys
     sts = kget(cluster, "statefulset", name, "-n", ns)
     assert "hicache.dev/rendered-hash" in sts["metadata"]["annotations"]
     assert sts["spec"]["updateStrategy"]["type"] == "OnDelete"
@@ -149,17 +152,20 @@ def test_sglang_mooncake_sample(cluster, operator):
         args = c["args"]
         for flag, val in [("--tp-size", "8"), ("--page-size", "64"), ("--hicache-storage-backend", "mooncake"),
                           ("--hicache-mem-layout", "page_first"), ("--hicache-storage-prefetch-policy", "timeout"),
-                          ("--hicache-size", "50")]:
+                          ("--hicache-size", "24")]:
             assert args[args.index(flag) + 1] == val, flag
         assert "--admin-api-key" in args and args[args.index("--admin-api-key") + 1] == "$(HICACHE_ADMIN_API_KEY)"
+        assert "--api-key" in args and args[args.index("--api-key") + 1] == "$(HICACHE_API_KEY)"
         env = env_of(p)
         assert env["MOONCAKE_MASTER"]["value"] == "mooncake-master.mooncake.svc:50051"
         assert env["MOONCAKE_PROTOCOL"]["value"] == "rdma"
         assert p["spec"]["hostNetwork"] is True
         assert p["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
-        per_pod = 8 * 50 * 10**9 + 32 * 2**30
-        assert parse_bytes(c["resources"]["requests"]["memory"]) >= per_pod
+        # 2r - 1 pools: a rank may check SGLang's headroom after its 7 peers allocated theirs
+        per_pod = 15 * 24 * 10**9 + (32 + 2 + 64 + 10) * 2**30
+        assert parse_bytes(c["resources"]["limits"]["memory"]) >= per_pod
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, "one pod per node"
+    passes_sglang_headroom_check(obj, pods)
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -180,13 +186,34 @@ def test_node_dram_sizing_lands_in_status_and_requests(cluster, operator, ns):
     smallest = min(eligible, key=lambda n: parse_bytes(n["status"]["allocatable"]["memory"]))
     assert sizing["smallestNode"] == smallest["metadata"]["name"]
     alloc = parse_bytes(smallest["status"]["allocatable"]["memory"])
-    budget = (alloc * 0.75 - 32 * 2**30) / 8
+    fixed = (8 + 2 + 10) * 2**30  # overheadGiB, shmGiB, SGLang's host reserve (defaults)
+    budget = (alloc * 0.75 - 32 * 2**30 - fixed) / 15
     args = pods[0]["spec"]["containers"][0]["args"]
     size_gb = int(args[args.index("--hicache-size") + 1])
     assert size_gb == int(budget // 10**9), (size_gb, budget)
-    request = parse_bytes(pods[0]["spec"]["containers"][0]["resources"]["requests"]["memory"])
-    assert request >= 8 * size_gb * 10**9
+    limit = parse_bytes(pods[0]["spec"]["containers"][0]["resources"]["limits"]["memory"])
+    assert 15 * size_gb * 10**9 <= limit <= alloc * 0.75 - 32 * 2**30
     assert json.dumps(sizing).count(str(sizing["smallestNode"])) >= 1
+    assert "last rank to allocate" in sizing["engineHeadroomCheck"]
+    passes_sglang_headroom_check(obj, pods)
+
+
+def passes_sglang_headroom_check(obj: dict, pods: list[dict]) -> None:
+    """Each pod's argv, as its process would see it, resolved by the SGLang release its image runs,
+    and that release's own host-memory check run for every rank against the pod's memory limit
+    (the k-th rank seeing k peers' pools already allocated)."""
+    sizing = obj["status"]["sizing"]
+    version = engine_versions.version_from_image(obj["spec"]["image"])
+    usage = sizing["overheadBytes"] + sizing["shmBytes"] + sizing.get("mooncakeSegmentBytes", 0)
+    containers = [p["spec"]["containers"][0] for p in pods]
+    answers = sglang_oracle.resolve(
+        version, [sglang_oracle.container_argv(c) for c in containers],
+        [{"pool_bytes": sizing["hostPoolBytesPerRank"], "limit": parse_bytes(c["resources"]["limits"]["memory"]),
+          "usage": usage} for c in containers])
+    for answer in answers:
+        assert "error" not in answer, answer
+        assert answer["headroom"] and all(answer["headroom"]), (answer["headroom"], sizing)
+        assert not answer["server_info_open"]
 
 
 @pytest.mark.parametrize("sample", sorted(p.name for p in (SAMPLES / "invalid").glob("*.yaml")))
@@ -303,7 +330,7 @@ def test_admin_key_from_the_users_own_secret(cluster, operator, ns, tmp_path):
         {"name": "team-admin", "key": "token"}
 
     cluster.kubectl("patch", "hcd/own-key", "-n", ns, "--type=merge", "-p", json.dumps(
-        {"spec": {"hicache": {"storage": {"backend": "file", "extraConfig": {"storage_dir": str(tmp_path)}}}}}))
+        {"spec": {"hicache": {"storage": {"backend": "file", "extraConfig": {"file_storage_path": str(tmp_path)}}}}}))
     def swap_to_file_finished():
         o = hcd(cluster, ns, "own-key")
         bs = (o.get("status") or {}).get("backendSwap") or {}

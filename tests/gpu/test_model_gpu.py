@@ -31,7 +31,7 @@ def test_gpu_engine_matches_transformers_through_every_tier(engines, oracle, tmp
     engine = engines(model_path=str(path), device="cuda", dtype="float32", page_size=4, max_total_tokens=1024,
                      enable_hierarchical_cache=True, hicache_mem_layout=layout, hicache_io_backend=io,
                      hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
-                     extra_config={"storage_dir": str(tmp_path), "prefetch_threshold": 8})
+                     extra_config={"file_storage_path": str(tmp_path), "prefetch_threshold": 8})
     assert engine.device.type == "cuda" and engine.cache.host.pinned
     ids = [(7 * i + 3) % 1000 + 3 for i in range(121)]
     with torch.no_grad():

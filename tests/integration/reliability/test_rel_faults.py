@@ -25,7 +25,7 @@ def _wait(cond, timeout: float = 60, what: str = "condition"):
 
 
 def _file_l3_flags(storage_dir) -> list[str]:
-    extra = {"storage_dir": str(storage_dir), "prefetch_threshold": 4}
+    extra = {"file_storage_path": str(storage_dir), "prefetch_threshold": 4}
     return ["--enable-hierarchical-cache", "--page-size", "4", "--max-total-tokens", "4096",
             "--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "wait_complete",
             "--hicache-storage-backend-extra-config", json.dumps(extra)]

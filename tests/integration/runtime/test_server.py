@@ -98,7 +98,7 @@ def test_admin_routes_require_the_admin_key(server):
 
 
 def test_attach_status_policies_clear_detach(server, tmp_path):
-    extra = json.dumps({"storage_dir": str(tmp_path), "prefetch_threshold": 8})
+    extra = json.dumps({"file_storage_path": str(tmp_path), "prefetch_threshold": 8})
     with server.client(headers=ADMIN) as c:
         r = c.put("/hicache/storage-backend", json={"hicache_storage_backend": "file",
                                                     "hicache_storage_backend_extra_config_json": extra,
@@ -107,7 +107,7 @@ def test_attach_status_policies_clear_detach(server, tmp_path):
         status = c.get("/hicache/storage-backend").json()
         assert status["hicache_storage_backend"] == "file"
         assert status["hicache_storage_prefetch_policy"] == "wait_complete"
-        assert json.loads(status["hicache_storage_backend_extra_config"])["storage_dir"] == str(tmp_path)
+        assert json.loads(status["hicache_storage_backend_extra_config"])["file_storage_path"] == str(tmp_path)
 
         r = c.put("/hicache/storage-backend", json={"hicache_storage_backend": "file",
                                                     "hicache_write_policy": "write_back"})
@@ -157,7 +157,7 @@ def test_attach_is_rejected_while_busy_and_load_counts(server, tmp_path):
             assert load["in_flight"] == 1 and load["draining"] is False
             attach = c.put("/hicache/storage-backend", headers=ADMIN,
                            json={"hicache_storage_backend": "file",
-                                 "hicache_storage_backend_extra_config_json": json.dumps({"storage_dir": str(tmp_path)})})
+                                 "hicache_storage_backend_extra_config_json": json.dumps({"file_storage_path": str(tmp_path)})})
             assert attach.status_code == 400, (attach.text, c.get("/load").json(), [next(lines)[:80] for _ in range(4)])
             assert "Reject attach: scheduler is not idle. #queue-req=0 #running-req=1" in attach.text
             flush = c.post("/flush_cache", headers=ADMIN)

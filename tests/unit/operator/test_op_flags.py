@@ -78,7 +78,7 @@ def test_only_one_host_pool_flag_and_bool_flags_are_bare():
 
 def test_user_values_cannot_reference_container_env():
     spec = _spec(model="org/$(HICACHE_ADMIN_API_KEY)", engine="sglang",
-                 hicache={"storage": {"backend": "file", "extraConfig": {"storage_dir": "/x/$(POD_IP)"}}})
+                 hicache={"storage": {"backend": "file", "extraConfig": {"file_storage_path": "/x/$(POD_IP)"}}})
     args = flags.render_args(spec, "sglang", host_pool=("ratio", 2.0))
     assert args[args.index("--model-path") + 1] == "org/$$(HICACHE_ADMIN_API_KEY)"
     assert "$$(POD_IP)" in args[args.index("--hicache-storage-backend-extra-config") + 1]

@@ -41,7 +41,7 @@ def test_children_names_owner_and_rendered_hash():
 
 
 def test_statefulset_is_on_delete_with_gate_probes_and_gpus():
-    _, kids = children({"parallelism": {"tp": 2, "pp": 2}, "engine": "sglang", "model": "Qwen/Qwen3-8B"})
+    _, kids = children({"parallelism": {"tp": 2, "pp": 2}, "engine": "sglang", "model": "Qwen/Qwen3-8B", "engineVersion": "0.5.23"})
     sts = kids["StatefulSet"]["spec"]
     assert sts["updateStrategy"] == {"type": "OnDelete"}
     ps = sts["template"]["spec"]
@@ -61,14 +61,14 @@ def test_bundled_probe_and_termination_message():
 
 
 def test_sglang_probe_and_command():
-    _, kids = children({"engine": "sglang", "model": "Qwen/Qwen3-8B"})
+    _, kids = children({"engine": "sglang", "model": "Qwen/Qwen3-8B", "engineVersion": "0.5.23"})
     c = pod_spec(kids)["containers"][0]
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
     assert c["command"] == ["python", "-m", "sglang.launch_server"]
 
 
 def test_security_context_is_locked_down_and_no_literal_key():
-    _, kids = children({"engine": "sglang", "model": "Qwen/Qwen3-8B"})
+    _, kids = children({"engine": "sglang", "model": "Qwen/Qwen3-8B", "engineVersion": "0.5.23"})
     ps = pod_spec(kids)
     c = ps["containers"][0]
     assert ps["securityContext"]["runAsNonRoot"] and ps["securityContext"]["runAsUser"] != 0
@@ -77,6 +77,9 @@ def test_security_context_is_locked_down_and_no_literal_key():
     assert ps["automountServiceAccountToken"] is False
     assert env(kids)["HICACHE_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "demo-admin",
                                                                                "key": "admin-api-key"}
+    # SGLang answers /server_info (admin key included) to anyone unless clients need a key too
+    assert env(kids)["HICACHE_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "demo-api", "key": "api-key"}
+    assert c["args"][-4:] == ["--admin-api-key", "$(HICACHE_ADMIN_API_KEY)", "--api-key", "$(HICACHE_API_KEY)"]
 
 
 def test_user_secret_ref_is_used():
@@ -108,7 +111,7 @@ def test_no_hostname_in_the_shared_config():
 def test_restart_hash_ignores_storage_but_not_other_changes():
     base, _ = children({})
     swapped, kids = children({"hicache": {"storage": {"backend": "file", "prefetchPolicy": "timeout",
-                                                      "extraConfig": {"storage_dir": "/x"}}}})
+                                                      "extraConfig": {"file_storage_path": "/x"}}}})
     assert swapped.desired.restart_hash == base.desired.restart_hash
     assert swapped.desired.storage_hash != base.desired.storage_hash
     ann = kids["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]
@@ -143,10 +146,16 @@ def test_memory_request_from_sizing_and_user_values_kept():
     assert res["requests"]["cpu"] == "2"
 
 
-def test_admin_secret_and_pdb():
+def test_generated_key_secrets_and_pdb():
     owner = render.Owner("demo", "ns", "uid-1")
-    secret = render.admin_secret(owner, "s3cret")
-    assert base64.b64decode(secret["data"]["admin-api-key"]) == b"s3cret"
+    keys = iter(["s3cret", "cl1ent"])
+    p, _ = children({"engine": "sglang", "model": "Qwen/Qwen3-8B", "engineVersion": "0.5.23"})
+    admin, api = render.generated_secrets(p.outcome.spec, owner, lambda: next(keys))
+    assert (admin["metadata"]["name"], base64.b64decode(admin["data"]["admin-api-key"])) == ("demo-admin", b"s3cret")
+    assert (api["metadata"]["name"], base64.b64decode(api["data"]["api-key"])) == ("demo-api", b"cl1ent")
+    bundled, _ = children({})
+    assert [s["metadata"]["name"] for s in render.generated_secrets(bundled.outcome.spec, owner, lambda: "k")] == [
+        "demo-admin"]
     _, kids = children({"rollout": {"maxUnavailable": "25%"}})
     assert kids["PodDisruptionBudget"]["spec"]["maxUnavailable"] == "25%"
 

@@ -63,15 +63,32 @@ def test_from_node_memory_arithmetic_uses_the_smallest_node_and_whole_pages():
              hicache={"hostPool": {"fromNodeMemory": {"fraction": 0.5, "reserveGiB": 8}, "overheadGiB": 4}})
     rec = sizing.compute(s, [gpu_node("a", "1Ti"), gpu_node("b", "768Gi")])
     alloc = 768 * 2**30
-    budget = (alloc * 0.5 - 8 * 2**30) / 8
+    fixed = 4 * 2**30 + 2 * 2**30  # overheadGiB + the default shmGiB; the bundled engine keeps no reserve
+    budget = (alloc * 0.5 - 8 * 2**30 - fixed) / 8
     bpt = 128 * 1 * 36 * 2 * 2
     assert rec["smallestNode"] == "b" and rec["bytesPerToken"] == bpt
     assert rec["hicacheSizeGB"] == int(budget // 1e9)
     pages = rec["hicacheSizeGB"] * 10**9 // bpt // 64 + 1
     assert rec["hostPoolPagesPerRank"] == pages
     assert rec["hostPoolBytesPerRank"] == pages * 64 * bpt <= budget
-    assert rec["podMemoryBytes"] == 8 * rec["hostPoolBytesPerRank"] + 4 * 2**30
+    assert rec["podMemoryBytes"] == 8 * rec["hostPoolBytesPerRank"] + fixed <= alloc * 0.5 - 8 * 2**30
     assert rec["podMemory"] == f"{-(-rec['podMemoryBytes'] // 2**20)}Mi"
+
+
+def test_sglang_limit_passes_its_headroom_check_for_every_rank():
+    """SGLang refuses a pool larger than (limit - usage - 10 GiB) / ranks, and a rank may check after
+    its peers allocated theirs: the limit holds 2r - 1 pools, the reserve, the Mooncake segment
+    (one per pod) and /dev/shm."""
+    s = spec(engine="sglang", engineVersion="0.5.23", model="Qwen/Qwen3-8B", parallelism={"tp": 4},
+             hicache={"hostPool": {"sizeGBPerRank": 20, "overheadGiB": 6, "shmGiB": 3}, "memLayout": "page_first",
+                      "storage": {"backend": "mooncake", "extraConfig": {"global_segment_size": "16gb"}}})
+    rec = sizing.compute(s, [gpu_node("a", "2Ti")])
+    pool = rec["hostPoolBytesPerRank"]
+    assert (rec["poolMultiplier"], rec["engineReserveBytes"], rec["mooncakeSegmentBytes"]) == (7, 10 * 2**30, 16 * 2**30)
+    usage_last = (6 + 3 + 16) * 2**30 + 3 * pool
+    assert (rec["podMemoryBytes"] - usage_last - 10 * 2**30) // 4 == pool
+    older = spec(**{**s.dump(), "engineVersion": "0.5.20"})
+    assert sizing.compute(older, [gpu_node("a", "2Ti")])["podMemoryBytes"] == (6 + 3 + 16) * 2**30 + 4 * pool
 
 
 def test_from_node_memory_needs_nodes_and_a_shape():

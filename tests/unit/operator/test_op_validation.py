@@ -51,7 +51,7 @@ def test_write_back_needs_the_opt_in_and_then_warns():
     assert allowed.ok and names(allowed) == ["write-back-allowed"]
 
 
-SG = {"engine": "sglang", "model": "Qwen/Qwen3-8B"}
+SG = {"engine": "sglang", "model": "Qwen/Qwen3-8B", "engineVersion": "0.5.23"}
 
 
 def test_pp_with_l3_is_refused_but_pp_alone_is_fine():
@@ -76,8 +76,8 @@ def test_bundled_engine_needs_a_local_checkpoint_and_no_dp_pp():
 
 
 def test_builtin_model_needs_the_bundled_engine():
-    assert names(run(engine="sglang"), "error") == ["builtin-model-needs-bundled"]
-    assert run(engine="sglang", model="Qwen/Qwen3-8B").ok
+    assert names(run(engine="sglang", engineVersion="0.5.23"), "error") == ["builtin-model-needs-bundled"]
+    assert run(**SG).ok
 
 
 def test_name_length():
@@ -119,7 +119,7 @@ def test_compatible_layouts_are_left_alone():
 
 def test_unknown_extra_config_keys_warn_per_backend_and_prefetch_knobs_are_known():
     out = run(hicache={"storage": {"backend": "file", "extraConfig": {
-        "storage_dir": "/d", "prefetch_threshold": 64, "master_server_address": "x", "bogus": 1}}})
+        "file_storage_path": "/d", "prefetch_threshold": 64, "master_server_address": "x", "bogus": 1}}})
     assert out.ok
     warned = sorted(f.message.split(" ")[0] for f in out.findings if f.rule == "extra-config-unknown-key")
     assert warned == ["hicache.storage.extraConfig.bogus", "hicache.storage.extraConfig.master_server_address"]

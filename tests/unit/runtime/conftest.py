@@ -54,6 +54,14 @@ def settle(engine: Engine, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+def page_by_layer(host, flat):
+    """An L3 page of ``host`` (SGLang's get_data_page order for its layout) as (2, layer, token, head, dim)."""
+    L, ps, H, D = host.num_layers, host.page_size, host.num_heads, host.head_dim
+    if host.layout == "page_first":
+        return flat.view(2, ps, L, H, D).transpose(1, 2)
+    return flat.view(2, L, ps, H, D)
+
+
 def accounting_ok(cache) -> None:
     """With nothing in flight, every used L1/L2 slot belongs to the tree and nothing is locked or pinned."""
     dev, host = cache.cached_tokens()

@@ -54,10 +54,10 @@ def test_bad_flags_fail_with_a_clear_message(overrides, msg):
 def test_extra_config_from_json_toml_yaml(tmp_path):
     assert parse_extra_config('{"a": 1}') == {"a": 1}
     (tmp_path / "c.toml").write_text("prefetch_threshold = 64\n")
-    (tmp_path / "c.yaml").write_text("storage_dir: /data\n")
+    (tmp_path / "c.yaml").write_text("file_storage_path: /data\n")
     (tmp_path / "c.json").write_text(json.dumps({"x": True}))
     assert parse_extra_config(f"@{tmp_path}/c.toml") == {"prefetch_threshold": 64}
-    assert parse_extra_config(f"@{tmp_path}/c.yaml") == {"storage_dir": "/data"}
+    assert parse_extra_config(f"@{tmp_path}/c.yaml") == {"file_storage_path": "/data"}
     assert parse_extra_config(f"@{tmp_path}/c.json") == {"x": True}
     with pytest.raises(ValueError, match="JSON object"):
         parse_extra_config("[1, 2]")
@@ -92,3 +92,4 @@ def test_auth_levels():
     assert check(_req({"x-api-key": "bad"}), Level.NORMAL, "api", None).status_code == 401
     assert check(_req({}), Level.OPEN, "api", "adm") is None
     assert not key_matches(None, "k") and not key_matches("k2", "k") and key_matches("k", "k")
+

@@ -9,7 +9,8 @@ import torch
 
 from cache_runtime.hicache import HiCache
 from cache_runtime.memory import DevicePool, HostPool
-from tests.unit.runtime.conftest import accounting_ok as _accounting_ok, generate, on_engine, prompt, settle
+from tests.unit.runtime.conftest import (accounting_ok as _accounting_ok, generate, on_engine, page_by_layer, prompt,
+                                        settle)
 
 L, H, D, PS = 2, 2, 4, 2
 
@@ -68,7 +69,7 @@ def test_write_through_backs_up_on_insert_and_l1_eviction_keeps_l2():
     cache.evict(100)
     assert not node.on_device and node.backed_up
     # the L2 copy holds the same bytes the L1 copy had
-    page = cache.host.get_page(int(node.host_value[0])).view(2, L, PS, H, D)
+    page = page_by_layer(cache.host, cache.host.get_page(int(node.host_value[0])))
     assert torch.equal(page[0, 1], device_k[:PS])
     prefix = _put(cache, [5, 6, 7, 8, 9, 9])
     assert prefix.host_tokens == 4 and prefix.device_tokens == 0
@@ -92,7 +93,7 @@ def test_write_back_copies_only_on_eviction():
     device_v = cache.device.v[0][node.value].clone()
     cache.evict(100)
     assert not node.on_device and node.backed_up
-    page = cache.host.get_page(int(node.host_value[0])).view(2, L, PS, H, D)
+    page = page_by_layer(cache.host, cache.host.get_page(int(node.host_value[0])))
     assert torch.equal(page[1, 0], device_v[:PS])
     _accounting_ok(cache)
 

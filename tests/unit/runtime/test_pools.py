@@ -8,6 +8,7 @@ import torch
 import kernels
 from cache_runtime.memory import DevicePool, HostPool, PageAllocator, host_pool_tokens
 from cache_runtime.models.config import kv_cell_bytes
+from tests.unit.runtime.conftest import page_by_layer
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 L, H, D = 3, 2, 8
@@ -58,8 +59,9 @@ def test_page_round_trip_through_every_tier(layout):
     src = torch.arange(8, 16)  # pages 2 and 3 of L1
     dst = torch.arange(32, 40)  # pages 8 and 9 of L2
     kernels.backup_all_layers(dev.k, dev.v, host.kv_buffer, src, dst, layout, ps, io_backend=io)
-    # the L3 byte format is layout-independent: K of all layers (layer, token, head, dim) then V
-    page = host.get_page(32).view(2, L, ps, H, D)
+    # L3 bytes in SGLang's order for the layout: K then V, each (token, layer, head, dim) for page_first,
+    # (layer, token, head, dim) for layer_first and page_first_direct
+    page = page_by_layer(host, host.get_page(32))
     for layer in range(L):
         assert torch.equal(page[0, layer], dev.k[layer][8:12])
         assert torch.equal(page[1, layer], dev.v[layer][8:12])

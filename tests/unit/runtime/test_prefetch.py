@@ -27,8 +27,8 @@ def test_timeout_formula_is_sglangs_newer_one():
 def test_extra_config_knobs_are_popped_and_checked():
     cfg, rest = PrefetchConfig.from_extra_config("timeout", {
         "prefetch_threshold": 64, "prefetch_timeout_base": 0.5, "prefetch_timeout_per_ki_token": 1,
-        "prefetch_timeout_max": 3, "hicache_storage_pass_prefix_keys": True, "storage_dir": "/x"})
-    assert rest == {"storage_dir": "/x"}
+        "prefetch_timeout_max": 3, "hicache_storage_pass_prefix_keys": True, "file_storage_path": "/x"})
+    assert rest == {"file_storage_path": "/x"}
     assert (cfg.threshold, cfg.timeout_base, cfg.timeout_per_ki_token, cfg.timeout_max) == (64, 0.5, 1.0, 3.0)
     assert cfg.pass_prefix_keys is True
     with pytest.raises(ValueError, match="prefetch_threshold must be a int"):
@@ -63,7 +63,7 @@ def _seeded_engine(engines, tmp_path, policy, ids):
     """An engine whose L3 (file, tmp_path) holds ``ids``' pages while L1 and L2 are empty."""
     engine = engines(enable_hierarchical_cache=True, page_size=4, max_total_tokens=1024,
                      hicache_storage_backend="file", hicache_storage_prefetch_policy=policy,
-                     extra_config={"storage_dir": str(tmp_path), "prefetch_threshold": 8,
+                     extra_config={"file_storage_path": str(tmp_path), "prefetch_threshold": 8,
                                    "prefetch_timeout_base": 0.05, "prefetch_timeout_per_ki_token": 0.0})
     cold = generate(engine, ids, n=6)
     settle(engine)
@@ -81,7 +81,7 @@ def _swap_backend(engine, backend, policy):
 
 
 def _config(tmp_path):
-    return HiCacheStorageConfig(model_name="builtin:tiny", extra_config={"storage_dir": str(tmp_path)})
+    return HiCacheStorageConfig(model_name="builtin:tiny", extra_config={"file_storage_path": str(tmp_path)})
 
 
 @pytest.mark.parametrize("policy", ["best_effort", "timeout"])
@@ -137,6 +137,6 @@ def test_unreachable_l3_at_boot_is_reported_not_fatal(engines, tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     engine = engines(enable_hierarchical_cache=True, hicache_storage_backend="file",
-                     extra_config={"storage_dir": str(blocker / "sub")})
+                     extra_config={"file_storage_path": str(blocker / "sub")})
     assert engine.cache.storage is None and "StorageUnavailable" in engine.storage_status_reason
     assert generate(engine, prompt(1, 40)).output_ids

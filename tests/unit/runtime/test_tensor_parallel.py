@@ -22,7 +22,7 @@ def _through_every_tier(engines, path, tmp_path, tp: int):
     engine = engines(model_path=str(path), dtype="float32", tp_size=tp, page_size=4, max_total_tokens=512,
                      enable_hierarchical_cache=True, hicache_storage_backend="file",
                      hicache_storage_prefetch_policy="wait_complete",
-                     extra_config={"storage_dir": str(tmp_path), "prefetch_threshold": 8})
+                     extra_config={"file_storage_path": str(tmp_path), "prefetch_threshold": 8})
     cold = generate(engine, IDS, n=16, ignore_eos=True)
     settle(engine)
     on_engine(engine, lambda: engine.cache.evict(10**9))

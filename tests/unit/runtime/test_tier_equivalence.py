@@ -21,7 +21,7 @@ def test_every_tier_matches_cold_prefill(engines, tmp_path, layout, dtype, tol):
     engine = engines(
         enable_hierarchical_cache=True, page_size=4, max_total_tokens=1024, hicache_mem_layout=layout,
         kv_cache_dtype=dtype, hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
-        extra_config={"storage_dir": str(tmp_path), "prefetch_threshold": 8},
+        extra_config={"file_storage_path": str(tmp_path), "prefetch_threshold": 8},
     )
     ids = prompt(1, 301)
     cold = generate(engine, ids, n=8)
@@ -73,7 +73,7 @@ def test_real_checkpoint_prefix_from_every_tier_matches_cold(request, engines, o
     if backend == "mooncake":
         extra = request.getfixturevalue("mooncake_master").extra_config()
     else:
-        extra = {"storage_dir": str(tmp_path)}
+        extra = {"file_storage_path": str(tmp_path)}
     engine = engines(model_path=str(path), dtype="float32", enable_hierarchical_cache=True, page_size=4,
                      max_total_tokens=1024, hicache_mem_layout=layout, hicache_storage_backend=backend,
                      hicache_storage_prefetch_policy="wait_complete", extra_config={**extra, "prefetch_threshold": 8})

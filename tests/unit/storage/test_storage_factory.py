@@ -26,9 +26,9 @@ def test_unknown_backend_names_the_choices():
 
 def test_bad_config_types():
     with pytest.raises(ValueError, match="HiCacheStorageConfig"):
-        create_storage_backend("file", {"storage_dir": "/tmp"})
+        create_storage_backend("file", {"file_storage_path": "/tmp"})
     with pytest.raises(ValueError, match="extra_config must be a dict"):
-        create_storage_backend("file", HiCacheStorageConfig(extra_config="storage_dir=/tmp"))
+        create_storage_backend("file", HiCacheStorageConfig(extra_config="file_storage_path=/tmp"))
 
 
 def test_dynamic_backend_is_built_like_sglang():
@@ -61,7 +61,8 @@ def test_dynamic_backend_errors_are_clear(extra, message):
 
 def test_known_extra_config_keys_cover_every_backend_and_the_prefetch_knobs():
     assert set(KNOWN_EXTRA_CONFIG_KEYS) == set(BACKENDS) | {"_prefetch"}
-    assert {"storage_dir", "max_size", "min_free_space", "eviction_ratio"} <= KNOWN_EXTRA_CONFIG_KEYS["file"]
+    assert {"file_storage_path", "max_size", "min_free_space", "eviction_ratio"} <= KNOWN_EXTRA_CONFIG_KEYS["file"]
+    assert "storage_dir" not in KNOWN_EXTRA_CONFIG_KEYS["file"]  # SGLang has no such key
     assert {"master_server_address", "local_hostname", "extra_backend_tag", "global_segment_size"} <= \
         KNOWN_EXTRA_CONFIG_KEYS["mooncake"]
     assert {"backend_name", "module_path", "class_name"} <= KNOWN_EXTRA_CONFIG_KEYS["dynamic"]

@@ -1,3 +1,4 @@
+import errno
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from cache_runtime.storage import HiCacheStorageConfig, StorageUnavailable, create_storage_backend, page_hashes
+from cache_runtime.storage import file_backend
 from cache_runtime.storage.file_backend import HiCacheFile
 from cache_runtime.storage.file_eviction import parse_size
 from cache_runtime.storage.page_trailer import TRAILER_SIZE
@@ -15,8 +17,13 @@ from cache_runtime.storage.page_trailer import TRAILER_SIZE
 REPO = Path(__file__).resolve().parents[3]
 
 
+@pytest.fixture(autouse=True)
+def _no_dir_env(monkeypatch):
+    monkeypatch.delenv("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", raising=False)
+
+
 def make(tmp_path, **kw):
-    extra = {"storage_dir": str(tmp_path), **kw.pop("extra", {})}
+    extra = {"file_storage_path": str(tmp_path), **kw.pop("extra", {})}
     return create_storage_backend("file", HiCacheStorageConfig(extra_config=extra, **kw))
 
 
@@ -45,7 +52,7 @@ def test_round_trip_bytes_exact(tmp_path, dtype):
 
 def test_file_naming_matches_sglang(tmp_path):
     def name(**kw):
-        return HiCacheFile(HiCacheStorageConfig(extra_config={"storage_dir": str(tmp_path)}, **kw)).suffix
+        return HiCacheFile(HiCacheStorageConfig(extra_config={"file_storage_path": str(tmp_path)}, **kw)).suffix
     assert name(model_name="meta-llama/Llama-3.1-8B", tp_rank=1, tp_size=4) == "_meta-llama-Llama-3.1-8B_1_4"
     assert name(model_name="org/m", is_mla_model=True, tp_rank=3, tp_size=4) == "_org-m"
     assert name(model_name="m", tp_rank=0, tp_size=2, pp_rank=1, pp_size=2) == "_m_0_2_2_1"
@@ -54,13 +61,17 @@ def test_file_naming_matches_sglang(tmp_path):
     assert (tmp_path / "abc_a-b_0_2.bin").is_file()
 
 
-def test_dir_precedence(tmp_path, monkeypatch):
+def test_dir_precedence_is_sglangs(tmp_path, monkeypatch):
+    """The env var, then extra_config file_storage_path, then /tmp/hicache; SGLang has no storage_dir key."""
     env_dir, extra_dir = tmp_path / "env", tmp_path / "extra"
+    extra = HiCacheStorageConfig(extra_config={"file_storage_path": str(extra_dir)})
     monkeypatch.setenv("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", str(env_dir))
     assert HiCacheFile(HiCacheStorageConfig()).file_path == str(env_dir)
-    assert HiCacheFile(HiCacheStorageConfig(extra_config={"storage_dir": str(extra_dir)})).file_path == str(extra_dir)
+    assert HiCacheFile(extra).file_path == str(env_dir)
     monkeypatch.delenv("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
+    assert HiCacheFile(extra).file_path == str(extra_dir)
     assert HiCacheFile(HiCacheStorageConfig()).file_path == "/tmp/hicache"
+    assert HiCacheFile(HiCacheStorageConfig(extra_config={"storage_dir": str(extra_dir)})).file_path == "/tmp/hicache"
 
 
 def test_existing_key_is_skipped(tmp_path):
@@ -78,51 +89,109 @@ def flip_bit(path, offset):
 
 
 @pytest.mark.parametrize("where", ["payload_start", "payload_end", "crc", "length"])
-def test_bit_flip_is_a_miss_and_file_is_dropped(tmp_path, where):
+def test_bit_flip_is_a_miss_and_the_file_is_left_alone(tmp_path, where):
     b = make(tmp_path)
     b.set(KEYS[0], page(1))
     p = path_of(b, KEYS[0])
     size = p.stat().st_size
     offset = {"payload_start": 0, "payload_end": size - TRAILER_SIZE - 1, "crc": size - 1, "length": size - 12}[where]
     flip_bit(p, offset)
+    damaged = p.read_bytes()
     assert b.get(KEYS[0]) is None
     assert b.get(KEYS[0], torch.empty(256, dtype=torch.float16)) is None
-    assert not p.exists() and not b.exists(KEYS[0])
-    assert b.get_stats()["corrupt"] == 1
-    assert b.set(KEYS[0], page(1)) and torch.equal(b.get(KEYS[0]).view(torch.float16), page(1))
+    assert b.get(KEYS[0], target_sizes=512) is None
+    assert b.get_stats()["unusable_pages"] == 3
+    # never deleted nor rewritten: it cannot be told from another engine's page under the same name
+    assert b.set(KEYS[0], page(1)) and p.read_bytes() == damaged
+    assert b.get(KEYS[0], target_sizes=512) is None
 
 
-@pytest.mark.parametrize("keep", [0, 1, 100, 511, 512 + TRAILER_SIZE - 1])
+@pytest.mark.parametrize("keep", [1, 100, 511, 512 + 1, 512 + TRAILER_SIZE - 1])
 def test_truncated_page_is_a_miss(tmp_path, keep):
     b = make(tmp_path)
     b.set(KEYS[0], page(1))
     p = path_of(b, KEYS[0])
     with open(p, "r+b") as f:
         f.truncate(keep)
-    assert not b.exists(KEYS[0])
-    assert b.batch_exists(KEYS[:1]) == 0
     assert b.get(KEYS[0]) is None
+    assert b.get(KEYS[0], torch.empty(256, dtype=torch.float16)) is None
+    assert b.batch_get(KEYS[:1], target_sizes=[512]) == [None]
+    assert p.stat().st_size == keep
 
 
-def test_deleted_page_is_a_miss(tmp_path):
+def test_page_cut_exactly_at_its_trailer_is_a_whole_bare_page(tmp_path):
     b = make(tmp_path)
     b.set(KEYS[0], page(1))
-    path_of(b, KEYS[0]).unlink()
-    assert b.get(KEYS[0]) is None and not b.exists(KEYS[0])
+    with open(path_of(b, KEYS[0]), "r+b") as f:
+        f.truncate(512)
+    assert b.get(KEYS[0]) is None  # no size stated: nothing to check a bare page against
+    assert torch.equal(b.get(KEYS[0], target_sizes=512).view(torch.float16), page(1))
+
+
+def test_empty_or_deleted_page_does_not_exist(tmp_path):
+    b = make(tmp_path)
+    b.batch_set(KEYS[:2], [page(0), page(1)])
+    with open(path_of(b, KEYS[0]), "r+b") as f:
+        f.truncate(0)
+    path_of(b, KEYS[1]).unlink()
+    assert not b.exists(KEYS[0]) and not b.exists(KEYS[1])
+    assert b.get(KEYS[0], target_sizes=512) is None and b.get(KEYS[1], target_sizes=512) is None
+
+
+def test_sglang_bare_page_is_served_when_its_size_is_the_stated_one(tmp_path):
+    """SGLang's HiCacheFile writes the raw page bytes only; a read that states that size gets them."""
+    b = make(tmp_path)
+    raw = page(7).view(torch.uint8).numpy().tobytes()
+    path_of(b, KEYS[0]).write_bytes(raw)
+    assert b.exists(KEYS[0]) and b.batch_exists(KEYS[:1]) == 1
+    target = torch.empty(256, dtype=torch.float16)
+    assert b.get(KEYS[0], target) is target and torch.equal(target, page(7))
+    assert torch.equal(b.batch_get(KEYS[:1], target_sizes=[512])[0].view(torch.float16), page(7))
+    assert b.get(KEYS[0]) is None  # without a stated size a bare page cannot be checked
+    assert b.get(KEYS[0], target_sizes=510) is None and b.get(KEYS[0], target_sizes=1024) is None
+    assert b.get_stats()["bare_page_hits"] == 2
+    assert b.set(KEYS[0], page(8)) and path_of(b, KEYS[0]).read_bytes() == raw  # SGLang's page stays
 
 
 def test_garbage_and_foreign_files_are_misses(tmp_path):
     b = make(tmp_path)
-    # random bytes of a plausible size
+    # random bytes of a plausible size (a page plus a trailer's length)
     path_of(b, KEYS[0]).write_bytes(os.urandom(512 + TRAILER_SIZE))
-    # SGLang's own raw format (no trailer): cannot be verified, so not served
-    path_of(b, KEYS[1]).write_bytes(page(1).view(torch.uint8).numpy().tobytes())
+    # a bare page of another size
+    path_of(b, KEYS[1]).write_bytes(os.urandom(256))
     # a valid page of another key copied under this key's name
     b.set(KEYS[3], page(3))
     path_of(b, KEYS[2]).write_bytes(path_of(b, KEYS[3]).read_bytes())
     for k in KEYS[:3]:
-        assert b.get(k) is None
-    assert b.get(KEYS[3]) is not None
+        assert b.get(k) is None and b.get(k, target_sizes=512) is None
+    assert b.get(KEYS[3], target_sizes=512) is not None
+
+
+def test_a_page_published_meanwhile_is_not_replaced(tmp_path, monkeypatch):
+    """Another engine writes the same key between our existence check and our publish: its page stays."""
+    b = make(tmp_path)
+    theirs = page(9).view(torch.uint8).numpy().tobytes()
+    real_link = os.link
+
+    def racing_link(src, dst):
+        Path(dst).write_bytes(theirs)
+        return real_link(src, dst)
+
+    monkeypatch.setattr(file_backend.os, "link", racing_link)
+    assert b.set(KEYS[0], page(1))
+    assert path_of(b, KEYS[0]).read_bytes() == theirs
+    assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]
+
+
+def test_filesystem_without_hard_links_still_publishes(tmp_path, monkeypatch):
+    def no_link(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(file_backend.os, "link", no_link)
+    b = make(tmp_path)
+    assert b.set(KEYS[0], page(1))
+    assert torch.equal(b.get(KEYS[0]).view(torch.float16), page(1))
+    assert os.listdir(tmp_path) == [path_of(b, KEYS[0]).name]
 
 
 def test_wrong_size_target_is_a_miss_but_keeps_the_page(tmp_path):
@@ -140,8 +209,7 @@ def test_batch_exists_is_longest_prefix(tmp_path):
     assert b.batch_exists(KEYS) == 4
     path_of(b, KEYS[2]).unlink()
     assert b.batch_exists(KEYS) == 2  # page 3 exists but after a gap
-    with open(path_of(b, KEYS[1]), "r+b") as f:
-        f.truncate(10)
+    flip_bit(path_of(b, KEYS[1]), path_of(b, KEYS[1]).stat().st_size - 12)  # its trailer no longer fits the file
     assert b.batch_exists(KEYS) == 1
     assert b.batch_exists([]) == 0
 
@@ -204,7 +272,7 @@ WRITER = """
 import resource, signal, sys, torch
 from cache_runtime.storage import HiCacheStorageConfig, create_storage_backend
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-b = create_storage_backend("file", HiCacheStorageConfig(extra_config={"storage_dir": sys.argv[1]}))
+b = create_storage_backend("file", HiCacheStorageConfig(extra_config={"file_storage_path": sys.argv[1]}))
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
 print(b.set("k", torch.ones(1 << 16, dtype=torch.uint8)), b.get_stats().get("write_failures"))
 """

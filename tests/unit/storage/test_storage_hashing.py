@@ -3,7 +3,7 @@ import hashlib
 import pytest
 from hypothesis import given, strategies as st
 
-from cache_runtime.storage.hashing import get_hash_str, page_hashes
+from cache_runtime.storage.hashing import get_hash_str, namespace_seed, page_hashes
 
 
 def sglang_reference(tokens, prior=None):
@@ -37,7 +37,16 @@ def test_bigram_tuples_hash_each_element():
     assert get_hash_str([(1, 2), (3, 4)]) == get_hash_str([1, 2, 3, 4])
 
 
-@pytest.mark.parametrize("bad", [[-1], [2**32], [1.5]])
+def test_a_page_with_a_token_above_u32_is_hashed_wide():
+    """SGLang's native hash: prior digest, a 0xff byte, then every token of the page as 8-byte LE."""
+    prior = get_hash_str([1])
+    expected = hashlib.sha256(bytes.fromhex(prior) + b"\xff" + (2**32).to_bytes(8, "little")
+                              + (7).to_bytes(8, "little")).hexdigest()
+    assert get_hash_str([2**32, 7], prior) == expected
+    assert page_hashes([1, 2, 2**40, 3], 2) == [get_hash_str([1, 2]), get_hash_str([2**40, 3], get_hash_str([1, 2]))]
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**63], [1.5]])
 def test_out_of_range_tokens_are_rejected(bad):
     with pytest.raises(ValueError):
         get_hash_str(bad)
@@ -64,3 +73,20 @@ def test_page_hashes_full_pages_only_and_chained():
 def test_matches_reference_for_any_tokens(tokens, prior):
     prior_hex = prior.hex() if prior else None
     assert get_hash_str(tokens, prior_hex) == sglang_reference(tokens, prior_hex)
+
+
+def test_namespace_seed_layout():
+    """sha256(tag, then per part 0x00 if absent else 0x01 + u64 LE byte length + UTF-8), in SGLang's order."""
+    def ref(extra_key, cache_salt):
+        h = hashlib.sha256(b"sglang-cache-namespace-v1")
+        for part in (extra_key, cache_salt):
+            h.update(b"\x00" if part is None else
+                     b"\x01" + len(part.encode()).to_bytes(8, "little") + part.encode())
+        return h.hexdigest()
+
+    assert namespace_seed(None, None) is None
+    for extra_key, cache_salt in [(None, "s"), ("s", None), ("", None), (None, ""), ("a", "b"), ("ab", ""),
+                                  ("a", "b\u00e9")]:
+        assert namespace_seed(extra_key, cache_salt) == ref(extra_key, cache_salt)
+    seeds = {namespace_seed(*ns) for ns in [(None, "s"), ("s", None), ("", "s"), ("ab", ""), ("a", "b")]}
+    assert len(seeds) == 5  # which field, absence and the split point all change the seed

@@ -10,6 +10,7 @@ from tests.support.mooncake import MooncakeMaster, mooncake_env, mooncake_master
 
 KEYS = page_hashes(list(range(96)), 16)  # 6 chained page keys
 PAGE = 4096  # bytes per page (K half + V half for MHA)
+MODEL = "org/model"  # keys start with it, '/' -> '-', as SGLang's
 
 
 def page(seed, nbytes=PAGE):
@@ -35,7 +36,7 @@ def raw(mooncake_master):
 
 @pytest.fixture(scope="module")
 def mha(mooncake_master):
-    b = backend(mooncake_master, tp_rank=0, tp_size=1)
+    b = backend(mooncake_master, model_name=MODEL, tp_rank=0, tp_size=1)
     yield b
     b.close()
 
@@ -49,8 +50,8 @@ def _clean(raw):
 def test_round_trip_and_sglang_key_layout(mha, raw):
     value = page(1)
     assert mha.set(KEYS[0], value)
-    assert raw.get(f"{KEYS[0]}_0_k") == value[: PAGE // 2].numpy().tobytes()
-    assert raw.get(f"{KEYS[0]}_0_v") == value[PAGE // 2 :].numpy().tobytes()
+    assert raw.get(f"org-model_{KEYS[0]}_0_k") == value[: PAGE // 2].numpy().tobytes()
+    assert raw.get(f"org-model_{KEYS[0]}_0_v") == value[PAGE // 2 :].numpy().tobytes()
     assert torch.equal(mha.get(KEYS[0]), value)
     assert torch.equal(mha.get(KEYS[0], target_sizes=PAGE), value)
     target = torch.empty(PAGE // 2, dtype=torch.float16)
@@ -73,11 +74,14 @@ def test_batch_ops_and_longest_prefix(mha, raw):
     targets = [torch.empty(PAGE, dtype=torch.uint8) for _ in KEYS]
     got = mha.batch_get(KEYS, targets)
     assert all(g is t and torch.equal(t, v) for g, t, v in zip(got, targets, values))
-    assert raw.remove(f"{KEYS[3]}_0_v", True) == 0  # half a page: the page is gone
+    assert raw.remove(f"org-model_{KEYS[3]}_0_v", True) == 0  # half a page: the page is gone
     assert mha.batch_exists(KEYS) == 3
     assert mha.batch_get(KEYS[2:5])[1] is None
-    assert mha.batch_set(KEYS, [page(100 + i) for i in range(6)])  # only page 3 is rewritten
-    assert torch.equal(mha.get(KEYS[0]), values[0]) and torch.equal(mha.get(KEYS[3]), page(103))
+    # only the missing object is written: what the store holds is never replaced, whoever wrote it
+    assert mha.batch_set(KEYS, [page(100 + i) for i in range(6)])
+    assert torch.equal(mha.get(KEYS[0]), values[0])
+    assert torch.equal(mha.get(KEYS[3]), torch.cat([values[3][: PAGE // 2], page(103)[PAGE // 2 :]]))
+    assert mha.get_stats()["writes_skipped_existing"] >= 5
     assert mha.batch_exists([]) == 0
 
 
@@ -96,32 +100,45 @@ def test_registered_pool_zero_copy(mooncake_master):
 
 
 def test_mla_pp_and_tag_key_layout(mooncake_master, raw):
-    mla = backend(mooncake_master, is_mla_model=True, tp_rank=2, tp_size=4)
-    pp = backend(mooncake_master, tp_rank=1, tp_size=2, pp_rank=1, pp_size=2, extra={"extra_backend_tag": "blue"})
+    """SGLang's keys: [tag_]model_hash, then _{tp}_k|v (MHA), __k (MLA: an empty rank part), with PP _{tp}_{pp}_k|v
+    and _{pp}_k."""
+    mla = backend(mooncake_master, model_name=MODEL, is_mla_model=True, tp_rank=2, tp_size=4)
+    mla_pp = backend(mooncake_master, model_name=MODEL, is_mla_model=True, pp_rank=1, pp_size=2)
+    pp = backend(mooncake_master, model_name=MODEL, tp_rank=1, tp_size=2, pp_rank=1, pp_size=2,
+                 extra={"extra_backend_tag": "blue"})
+    bare = backend(mooncake_master, model_name="", tp_rank=3, tp_size=4)
     try:
         assert mla.set(KEYS[0], page(0, 1000))  # MLA pages need not split in halves
-        assert raw.is_exist(f"{KEYS[0]}_k") == 1 and raw.is_exist(f"{KEYS[0]}_2_k") == 0
+        assert raw.is_exist(f"org-model_{KEYS[0]}__k") == 1 and raw.is_exist(f"org-model_{KEYS[0]}_2_k") == 0
+        assert mla_pp.set(KEYS[0], page(2, 1000)) and raw.is_exist(f"org-model_{KEYS[0]}_1_k") == 1
         assert pp.set(KEYS[0], page(1))
-        assert raw.is_exist(f"blue_{KEYS[0]}_1_1_k") == 1 and raw.is_exist(f"blue_{KEYS[0]}_1_1_v") == 1
+        assert raw.is_exist(f"blue_org-model_{KEYS[0]}_1_1_k") == 1
+        assert raw.is_exist(f"blue_org-model_{KEYS[0]}_1_1_v") == 1
+        assert bare.set(KEYS[0], page(3)) and raw.is_exist(f"{KEYS[0]}_3_k") == 1
         assert torch.equal(mla.get(KEYS[0]), page(0, 1000)) and torch.equal(pp.get(KEYS[0]), page(1))
+        assert torch.equal(mla_pp.get(KEYS[0]), page(2, 1000))
         with pytest.raises(ValueError, match="even"):
             pp.set(KEYS[1], page(0, 1001))
     finally:
-        mla.close()
-        pp.close()
+        for b in (mla, mla_pp, pp, bare):
+            b.close()
 
 
-def test_clear_removes_only_this_tag(mooncake_master, raw):
+def test_clear_removes_only_this_tag_model_and_rank(mooncake_master, raw):
     a = backend(mooncake_master, extra={"extra_backend_tag": "a"})
-    b = backend(mooncake_master, extra={"extra_backend_tag": "b"})
+    others = [backend(mooncake_master, extra={"extra_backend_tag": "b"}),
+              backend(mooncake_master, model_name="builtin:tiny_x", extra={"extra_backend_tag": "a"}),
+              backend(mooncake_master, tp_rank=1, tp_size=2, extra={"extra_backend_tag": "a"}),
+              backend(mooncake_master, is_mla_model=True, extra={"extra_backend_tag": "a"})]
     try:
-        a.batch_set(KEYS[:2], [page(0), page(1)])
-        b.batch_set(KEYS[:2], [page(0), page(1)])
+        for b in [a, *others]:
+            assert b.batch_set(KEYS[:2], [page(0), page(1)])
         a.clear()
-        assert a.batch_exists(KEYS[:2]) == 0 and b.batch_exists(KEYS[:2]) == 2
+        assert a.batch_exists(KEYS[:2]) == 0
+        assert [b.batch_exists(KEYS[:2]) for b in others] == [2, 2, 2, 2]
     finally:
-        a.close()
-        b.close()
+        for b in [a, *others]:
+            b.close()
 
 
 @pytest.mark.parametrize("env_hostname", [None, "127.0.0.1"])

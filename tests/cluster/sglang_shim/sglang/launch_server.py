@@ -1,22 +1,42 @@
 """Local test clusters only: `python -m sglang.launch_server ARGS` runs the bundled runtime in
-SGLang-compatibility mode with the same ARGS.
+SGLang-compatibility mode with the same ARGS, after real SGLang has accepted them.
 
 The podrunner puts this directory on PYTHONPATH, so `engine: sglang` pods, whose command the
 operator renders exactly as for real SGLang, run as real processes that speak only SGLang's
 routes (no drain switch, no /ready, no /load): the operator is tested against SGLang's API
-without a GPU. Flags the bundled runtime does not take are dropped, parallelism runs as one rank,
-and a model that is not a built-in one is served by builtin:tiny, each with a note on stderr.
+without a GPU. First the real `sglang` package of the release the pod runs
+($HICACHE_ENGINE_VERSION, installed by scripts/install-sglang.sh) parses and resolves ARGS; a
+refusal ends the process with SGLang's message, as the real server would. Then flags the bundled
+runtime does not take are dropped, parallelism runs as one rank, and a model that is not a
+built-in one is served by builtin:tiny, each with a note on stderr.
 """
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-IGNORED = {"--enable-metrics": 0}  # flag -> number of values it takes (our runtime always serves /metrics)
-ONE_RANK = ("--tp-size", "--dp-size", "--pp-size")  # a stand-in process, not the GPUs the pod asks for
+IGNORED = {"--enable-metrics": 0, "--enable-dp-attention": 0}  # flag -> number of values it takes
+ONE_RANK = ("--tp-size", "--dp-size", "--pp-size", "--attn-dp-size")  # a stand-in process, not the pod's GPUs
+
+
+def refusal(argv: list[str]) -> str | None:
+    """Why real SGLang would refuse ARGS, or None when it accepts them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+    from tests.support import sglang_oracle
+
+    version = os.environ.get("HICACHE_ENGINE_VERSION", "")
+    if not sglang_oracle.installed(version):
+        return f"sglang {version or '(no HICACHE_ENGINE_VERSION)'} is not installed: run scripts/install-sglang.sh"
+    answer = sglang_oracle.resolve(version, [argv])[0]
+    return f"real SGLang {version} refuses these arguments: {answer['error']}" if "error" in answer else None
 
 
 def main(argv: list[str]) -> None:
+    why = refusal(argv)
+    if why:
+        print(f"sglang shim: {why}", file=sys.stderr)
+        sys.exit(2)
     args: list[str] = []
     i = 0
     while i < len(argv):
@@ -27,7 +47,8 @@ def main(argv: list[str]) -> None:
             continue
         if argv[i] in ONE_RANK and i + 1 < len(argv):
             print(f"sglang shim: {argv[i]} {argv[i + 1]} runs as 1", file=sys.stderr)
-            args += [argv[i], "1"]
+            if argv[i] != "--attn-dp-size":
+                args += [argv[i], "1"]
             i += 2
             continue
         if argv[i] in IGNORED:
