@@ -25,14 +25,14 @@ CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / "hicache.dev_hicach
 _DROP = {"title", "additionalProperties", "$defs"}
 
 PRINTER_COLUMNS = [
-    {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Ready pods / desired pods"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Ready pods / spec.replicas"},
     {"name": "Engine", "type": "string", "jsonPath": ".spec.engine"},
     {"name": "Backend", "type": "string", "jsonPath": ".status.currentBackend",
-     "description": "L3 backend the pods currently run"},
+     "description": "L3 backend the running pods run: the target once all do (empty while no pod runs)"},
     {"name": "Target", "type": "string", "jsonPath": ".status.targetBackend",
      "description": "L3 backend the spec asks for"},
     {"name": "Swap", "type": "string", "jsonPath": ".status.swapProgress",
-     "description": "Pods on the target storage config / pods"},
+     "description": "Running pods on the target storage config / spec.replicas"},
     {"name": "Host-Pool", "type": "string", "jsonPath": ".status.hostPool",
      "description": "Host (L2) pool per rank"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -13,6 +13,9 @@ from hicache_operator.spec import HiCacheDeploymentSpec
 
 # SGLang keeps this much host RAM free when it checks a host pool (HICACHE_HOST_MEMORY_RESERVE_BYTES).
 SGLANG_HOST_RESERVE_BYTES = 10 * 2**30
+# The bundled runtime's device pool without --max-total-tokens (cache_runtime.args.ServerArgs);
+# SGLang instead derives its pool from the GPU's free memory at start, which nothing here can know.
+BUNDLED_DEVICE_TOKENS = 16384
 
 
 def version(spec: HiCacheDeploymentSpec) -> str | None:
@@ -37,3 +40,10 @@ def has(spec: HiCacheDeploymentSpec, feature: str) -> bool:
 def host_reserve_bytes(spec: HiCacheDeploymentSpec) -> int:
     """Host RAM the engine insists stays free beside a host pool it allocates."""
     return SGLANG_HOST_RESERVE_BYTES if has(spec, "host_pool_headroom_check") else 0
+
+
+def device_tokens(spec: HiCacheDeploymentSpec) -> int | None:
+    """The L1 pool in tokens the pods will have, when it can be known before they start."""
+    if spec.max_total_tokens:
+        return spec.max_total_tokens
+    return BUNDLED_DEVICE_TOKENS if spec.engine == "bundled" else None

@@ -21,17 +21,22 @@ timers and a finalizer per object) made the operator slow and large. Now:
 No kopf change handlers or timers on HiCacheDeployments means no finalizer and no annotations
 written on them: deletion is left to the garbage collector through owner references.
 An invalid spec sets ConfigValid=False and posts Warning Events; it never raises, so there is no
-crash loop. API and other errors are retried with a per-deployment backoff.
+crash loop. A reconcile that raises (an API error, a bug) sets Degraded=True with reason
+ReconcileFailed and the error, posts a Warning Event when the error is new, and is retried with a
+per-deployment backoff during which the deployment's other triggers wait (``report_failure``).
 """
 
 from __future__ import annotations
 
 import contextvars
 import copy
+import dataclasses
 import datetime
+import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from concurrent.futures import wait
@@ -46,6 +51,7 @@ from hicache_operator.kube import ChildRefused, Kube, load_config
 from hicache_operator.nodecache import NodeCache
 from hicache_operator.reconcile import Plan, Result, reconcile
 from hicache_operator.spec import GROUP, PLURAL, VERSION, HiCacheDeploymentSpec
+from hicache_operator.status import SwapView, failed
 from hicache_operator.workqueue import Request, WorkQueue
 
 PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
@@ -78,6 +84,7 @@ class Controller:
         self.pod_identities: dict[tuple[Key, str], tuple] = {}  # (deployment, pod) -> pod_identity
         self.slice_readiness: dict[tuple[str, str], dict[str, bool]] = {}  # (namespace, client slice) -> IP -> ready
         self.acked_gates: dict[Key, dict[str, tuple[str, bool]]] = {}  # see note_gates
+        self.failing: dict[Key, int] = {}  # deployment -> the generation whose reconcile last failed
         self.lag_watches: dict[Key, endpoint_lag.LagWatch] = {}  # see check_endpoint_lag
         self.lag_dirty: set[Key] = set()  # deployments with a pod or slice event since the last check
         self._lag_guard = threading.Lock()  # lag_watches: the check loop and the slice handler
@@ -231,15 +238,12 @@ class Controller:
             try:
                 process(self, key, request)
                 self.queue.succeeded(key)
-            except ApiException as exc:
-                metrics.RECONCILES.labels(request.trigger, "api_error").inc()
+                self.failing.pop(key, None)
+            except Exception as exc:  # a bug must not stop the worker or the other deployments
+                api = isinstance(exc, ApiException)
+                metrics.RECONCILES.labels(request.trigger, "api_error" if api else "error").inc()
                 delay = self.queue.retry(key, request)
-                log.warning("reconcile of %s/%s: Kubernetes API error %s %s: %s; retrying in %.0fs",
-                            *key, exc.status, exc.reason, (exc.body or "")[:500], delay)
-            except Exception:  # a bug must not stop the worker or the other deployments
-                metrics.RECONCILES.labels(request.trigger, "error").inc()
-                delay = self.queue.retry(key, request)
-                log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, delay)
+                report_failure(self, key, exc, delay)
             finally:
                 self.stepping.discard(key)
                 self.queue.done(key)
@@ -255,6 +259,7 @@ class Controller:
         with self._known_guard:
             self.known.pop(key, None)
             self.acked_gates.pop(key, None)
+            self.failing.pop(key, None)
             for gone in [k for k in self.pod_identities if k[0] == key]:
                 del self.pod_identities[gone]
         self.swapping.discard(key)
@@ -400,7 +405,9 @@ def _post(body: Any, result: Result, previous: dict) -> None:
         kopf.event(body, type=etype, reason=reason, message=message)
     old = {c.get("type"): c for c in previous.get("conditions") or []}.get("Degraded") or {}
     new = {c["type"]: c for c in result.status.get("conditions", [])}.get("Degraded") or {}
-    if new.get("status") == "True" and (old.get("status") != "True" or old.get("reason") != new.get("reason")):
+    posted = {reason for _, reason, _ in result.events}  # e.g. the swap's own BackendSwapFailed
+    if new.get("status") == "True" and (old.get("status") != "True" or old.get("reason") != new.get("reason")) \
+            and new.get("reason") not in posted:
         kopf.event(body, type="Warning", reason=new["reason"], message=new.get("message", ""))
 
 
@@ -436,26 +443,33 @@ def process(ctl: Controller, key: Key, request: Request) -> Result | None:
             return None
         t_acted = time.monotonic()
         try:  # the swap step's last gate patches go out while the status is written
-            requeue = _merge_swap_step(raw, result, result.alongside) if result.alongside is not None else None
-            status = {**previous, **result.status}
+            step = result.alongside
+            requeue = _swap_events(result, step) if step is not None else None
+            result.status = status = result.status.rederive(
+                spec_replicas=spec_replicas(raw), swap=None if step is None else SwapView(
+                    step.backend_swap, tuple(dataclasses.asdict(c) for c in step.conditions)))
             write = (lambda: _write_status(ctl, key, status)) if status != previous else (lambda: True)
             if result.workload is None:
                 stored = write()
-            else:  # the StatefulSet goes out while the status is written: nothing in the status depends on it
-                writing = _kube().submit(write)
+            else:
+                # The StatefulSet goes out while the status is written (nothing in the status depends
+                # on it), except after a failed reconcile: then the status waits for the applies, so
+                # one that fails again leaves the failure in the status instead of flipping it back.
+                writing = _kube().submit(write) if key not in ctl.failing else None
                 try:
                     result.workload()
                 except ChildRefused as refused:
-                    wait([writing])
+                    wait([writing] if writing is not None else [])
                     _report_refused(ctl, key, ctl.bodies.get(key) or raw, refused)
                     metrics.RECONCILES.labels(request.trigger, "invalid").inc()
                     return None
                 except BaseException:
-                    wait([writing])
-                    if not writing.exception() and post_findings:  # the status now has this generation:
-                        _post(raw, result, previous)  # the retry would not post its findings again
+                    if writing is not None:
+                        wait([writing])
+                        if not writing.exception() and post_findings:  # the status now has this generation:
+                            _post(raw, result, previous)  # the retry would not post its findings again
                     raise
-                stored = writing.result()
+                stored = writing.result() if writing is not None else write()
             if not stored:
                 return None
             t_written = time.monotonic()
@@ -530,6 +544,62 @@ def _report_refused(ctl: Controller, key: Key, raw: dict, refused: ChildRefused)
         kopf.event(raw, type="Warning", reason="RefusedByAPIServer", message=str(refused))
 
 
+FAILED_REASON = "ReconcileFailed"
+
+
+def failure_message(exc: BaseException, limit: int = 600) -> str:
+    """One line for a condition and an Event: the API server's own message for an API error,
+    else the exception's type and text (a pydantic error's lines joined, without its links)."""
+    if isinstance(exc, ApiException):
+        try:
+            said = json.loads(exc.body or "{}").get("message") or ""
+        except (ValueError, AttributeError):
+            said = str(exc.body or "")
+        text = f"Kubernetes API error {exc.status} {exc.reason}" + (f": {said}" if said else "")
+    else:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and "errors.pydantic.dev" not in ln]
+        text = f"{type(exc).__name__}: {' '.join(lines)}" if lines else type(exc).__name__
+    text = re.sub(r"\s+", " ", text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def report_failure(ctl: Controller, key: Key, exc: Exception, delay: float) -> None:
+    """A reconcile raised: Degraded=True (reason ReconcileFailed, the error as message) and
+    Progressing=False in the status, and a Warning Event, when that is news; the log says it
+    once with the traceback (a bug) or in one line (an API error), and later repeats in one
+    line. The queue retries with backoff and holds other triggers meanwhile; a new generation
+    of the spec is tried at once."""
+    message = failure_message(exc)
+    raw = ctl.bodies.get(key)
+    if raw is None:
+        try:
+            raw = _kube().get_deployment(*key)
+        except Exception as read_exc:  # the API server may be what failed
+            log.warning("reconcile of %s/%s failed (%s); retrying in %.0fs; status not updated: %s",
+                        *key, message, delay, failure_message(read_exc))
+            return
+        if raw is None:
+            return
+    previous = raw.get("status") or {}
+    generation = int(raw["metadata"].get("generation") or 0)
+    ctl.failing[key] = generation
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Degraded"), {})
+    news = (old.get("reason"), old.get("message")) != (FAILED_REASON, message)
+    if news and not isinstance(exc, ApiException):
+        log.error("reconcile of %s/%s failed; retrying in %.0fs", *key, delay, exc_info=exc)
+    else:
+        log.warning("reconcile of %s/%s failed%s: %s; retrying in %.0fs", *key, "" if news else " again", message,
+                    delay)
+    if not news:
+        return
+    status = failed(previous, generation, (FAILED_REASON, message), now())
+    try:
+        ctl.bodies.offer(key, _kube().replace_deployment_status(*key, status))
+    except Exception as write_exc:
+        log.warning("%s/%s: writing the failure to the status failed: %s", *key, failure_message(write_exc))
+    kopf.event(raw, type="Warning", reason=FAILED_REASON, message=message)
+
+
 def _track_swap(ctl: Controller, key: Key, status: dict | None) -> None:
     if swap.pending(status):
         ctl.swapping.add(key)
@@ -546,22 +616,19 @@ def _swap_step(ctl: Controller, raw: dict, spec: HiCacheDeploymentSpec, pods: li
                      key=_kube().admin_key(meta["namespace"], secret, field), why=why)
 
 
-def _merge_swap_step(raw: dict, result: Result, step: swap.SwapStep) -> float | None:
-    """The step's state, conditions and Events join the reconcile's status; returns its requeue hint."""
-    result.status["backendSwap"] = step.backend_swap
-    generation = int(raw["metadata"].get("generation") or 0)
-    before = {c.get("type"): c for c in result.status.get("conditions") or []}
-    for cond in step.conditions:
-        old = before.get(cond.type)
-        before[cond.type] = {"type": cond.type, "status": cond.status, "reason": cond.reason,
-                             "message": cond.message, "observedGeneration": generation,
-                             "lastTransitionTime": old["lastTransitionTime"]
-                             if old and old.get("status") == cond.status and old.get("lastTransitionTime") else now()}
-    result.status["conditions"] = list(before.values())
+def _swap_events(result: Result, step: swap.SwapStep) -> float | None:
+    """The step's Events join the reconcile's; returns its requeue hint."""
     for ev in step.events:
         metrics.SWAP_EVENTS.labels(ev.reason).inc()
         result.events.append((ev.type, ev.reason, ev.message))
     return step.requeue_after
+
+
+def spec_replicas(raw: dict) -> int | None:
+    """spec.replicas as written (the CRD defaults it to 1), READY's denominator even when the
+    rest of the spec is invalid."""
+    value = (raw.get("spec") or {}).get("replicas", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 @kopf.on.event(**RESOURCE)
@@ -582,7 +649,8 @@ async def on_deployment(event: dict, body: kopf.Body, namespace: str, name: str,
     _track_swap(controller, key, status)
     if event.get("type") is None:  # the initial listing: the operator (re)started
         controller.enqueue(key, Request("resume", apply=True, urgent=True))
-    elif status.get("observedGeneration") != body.get("metadata", {}).get("generation"):
+    elif status.get("observedGeneration") != (generation := body.get("metadata", {}).get("generation")) \
+            and controller.failing.get(key) != generation:  # not the failure report of this generation
         controller.enqueue(key, Request("spec", apply=True, urgent=True))
 
 

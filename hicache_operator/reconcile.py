@@ -197,7 +197,10 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
             if pod["metadata"]["name"] in deleted:
                 pod["metadata"]["deletionTimestamp"] = now
 
-    if nodes is not None and p.desired.sizing and p.desired.sizing.get("podMemoryBytes"):
+    never_fitted = next((f for f in p.outcome.findings if f.rule == "no-eligible-nodes-yet"), None)
+    if never_fitted is not None:
+        degraded.append(("NoEligibleNodes", never_fitted.message))
+    elif nodes is not None and p.desired.sizing and p.desired.sizing.get("podMemoryBytes"):
         why = sizing.reevaluate(p.desired.sizing, spec, nodes)
         if why:
             degraded.append(("SizingNoLongerFits", rule("sizing-no-longer-fits").message.format(why=why)))

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hicache_operator import engine, flags, labels
-from hicache_operator.spec import GROUP, KIND, VERSION, HiCacheDeploymentSpec
+from hicache_operator.sizing import memory_quantity
+from hicache_operator.spec import GROUP, KIND, VERSION, HiCacheDeploymentSpec, resolve_max_unavailable
 
 ADMIN_SECRET_KEY = "admin-api-key"
 API_SECRET_KEY = "api-key"
@@ -156,11 +157,18 @@ def _env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool) -> li
     return env
 
 
-def resources(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None) -> dict[str, Any]:
+def resources(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, *,
+              include_storage: bool = True) -> dict[str, Any]:
+    """Requests and limits; without ``include_storage`` (the restart hash) the Mooncake segment is
+    left out of the memory, so a live swap to or from Mooncake restarts no pod. A pod running
+    through such a swap keeps its limit until it restarts; the segment then comes out of its
+    margin (SGLang's: r - 1 pools and the 10 GiB reserve)."""
     gpus = str(spec.ranks_per_pod)
     requests = {k: str(v) for k, v in spec.resources.requests.items()}
     limits = {k: str(v) for k, v in spec.resources.limits.items()}
     memory = (sizing or {}).get("podMemory")
+    if memory and not include_storage and sizing.get("mooncakeSegmentBytes"):
+        memory = memory_quantity(sizing["podMemoryBytes"] - sizing["mooncakeSegmentBytes"])
     if memory:
         requests.setdefault("memory", memory)
         # A user's larger request raises the limit with it (a request above its limit is refused).
@@ -191,7 +199,7 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, own
         "args": args(spec, sizing, include_storage=include_storage),
         "ports": [{"name": "http", "containerPort": flags.RUNTIME_PORT, "protocol": "TCP"}],
         "env": _env(spec, owner, include_storage),
-        "resources": resources(spec, sizing),
+        "resources": resources(spec, sizing, include_storage=include_storage),
         "readinessProbe": {"httpGet": {**http, "path": probe_path}, "periodSeconds": 5, "timeoutSeconds": 2,
                            "failureThreshold": 2},
         "startupProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 10, "timeoutSeconds": 5,
@@ -333,7 +341,8 @@ def pdb(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
     return _stamp({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": _meta(owner, names(owner.name)["pdb"], "disruption-budget"),
-        "spec": {"maxUnavailable": spec.rollout.max_unavailable,
+        # the same count restarts and swaps use (a PDB would round a percentage up, they round down)
+        "spec": {"maxUnavailable": resolve_max_unavailable(spec.rollout.max_unavailable, spec.replicas),
                  "selector": {"matchLabels": labels.selector_labels(owner.name)}},
     })
 

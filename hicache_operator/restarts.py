@@ -7,21 +7,10 @@ whose serving gate is False (being swapped) is never deleted and counts as unava
 
 from __future__ import annotations
 
-import math
-import re
 
 from hicache_operator import labels
+from hicache_operator.spec import resolve_max_unavailable
 from hicache_operator.status import pod_is_ready, pod_is_terminating
-
-
-def resolve_max_unavailable(value: int | str, replicas: int) -> int:
-    """An int, or a percentage of replicas rounded down; at least 1 so a rollout can progress."""
-    if isinstance(value, str):
-        m = re.fullmatch(r"(\d+)%", value.strip())
-        if not m:
-            raise ValueError(f"rollout.maxUnavailable {value!r} is neither a count nor a percentage like '25%'")
-        value = math.floor(replicas * int(m.group(1)) / 100)
-    return max(1, int(value))
 
 
 def _ordinal(pod: dict) -> int:

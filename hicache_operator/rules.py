@@ -116,7 +116,10 @@ RULES: tuple[Rule, ...] = (
          "resources.{which}.memory {given} is below the host pools plus overhead ({needed}): raise "
          "it, or remove it and the operator sets it"),
     Rule("max-unavailable", "error",
-         "rollout.maxUnavailable {value!r} must be a count like 1 or a percentage like '25%'"),
+         "rollout.maxUnavailable must be a count of at least 1 or a percentage from 1% to 100% (0 would never "
+         "let a pod be restarted or swapped): set it to e.g. 1 or '25%'",
+         "!has(self.maxUnavailable) || (type(self.maxUnavailable) == int ? self.maxUnavailable >= 1 : "
+         "self.maxUnavailable.matches('^([1-9][0-9]?|100)%$'))", "rollout"),
     Rule("invalid-pod-field", "error",
          "{field}: {problem} (the API server would refuse the pods' StatefulSet)"),
     Rule("schema", "error", "{detail}"),
@@ -148,6 +151,10 @@ RULES: tuple[Rule, ...] = (
     Rule("no-eligible-nodes-yet", "warning",
          "no node can take a pod of this deployment yet (needs {gpus} nvidia.com/gpu and must match "
          "nodeSelector, required node affinity and tolerations): {why}"),
+    Rule("no-memory-request", "warning",
+         "pods get no memory request or limit ({why}): the scheduler cannot keep their host pools off a "
+         "full node; set resources.requests.memory, or spec.modelShape and maxTotalTokens so the operator "
+         "sizes it"),
     Rule("sizing-no-longer-fits", "warning",
          "the host pool sized at the last spec change no longer fits: {why}; edit the spec to re-size "
          "or add node memory"),

@@ -316,12 +316,14 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, 
         rec.update(mode="sizeGBPerRank", hicacheSizeGB=gb)
     else:
         rec.update(mode="ratio", ratio=pool.ratio)
-        if bpt is not None and spec.max_total_tokens:
-            pages, per_rank = pool_bytes_for_tokens(int(spec.max_total_tokens * (pool.ratio or 0)), spec.page_size, bpt)
+        device = engine.device_tokens(spec)
+        if bpt is not None and device:
+            pages, per_rank = pool_bytes_for_tokens(int(device * (pool.ratio or 0)), spec.page_size, bpt)
             rec.update(hostPoolPagesPerRank=pages, hostPoolTokensPerRank=pages * spec.page_size)
 
     if per_rank is None:
-        rec["note"] = "host pool depends on the device pool size the engine picks; pod memory is not set"
+        rec["note"] = (f"model {spec.model} has no known KV shape: set spec.modelShape" if bpt is None else
+                       "the host pool follows the device pool SGLang picks from GPU memory: set maxTotalTokens")
         return rec
     total = fixed + multiplier * per_rank
     rec.update(hostPoolBytesPerRank=per_rank, podMemoryBytes=total, podMemory=memory_quantity(total),

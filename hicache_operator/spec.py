@@ -5,6 +5,8 @@ rules that relate several fields live in ``rules``/``validation`` so each has a 
 message. CEL rules are attached to the schema nodes through ``json_schema_extra``.
 """
 
+import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -105,8 +107,31 @@ class HiCache(_Model):
     storage: Storage = Field(default_factory=Storage)
 
 
+_PERCENT = re.compile(r"^\s*(\d{1,3})%\s*$")
+
+
+def resolve_max_unavailable(value: int | str, replicas: int) -> int:
+    """Pods allowed out of serving at once, the one reading of ``rollout.maxUnavailable`` used by
+    validation, restarts, backend swaps and the PodDisruptionBudget: a count >= 1, or a
+    percentage (1% to 100%) of replicas rounded down and never below 1, so every accepted value
+    lets a rollout progress. Raises ValueError for 0, "0%" and anything else (rule max-unavailable)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"rollout.maxUnavailable {value!r} must be an integer or a percentage like '25%'")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"rollout.maxUnavailable must be at least 1, not {value} (0 would never let a pod out)")
+        return value
+    m = _PERCENT.match(value)
+    if not m or not 1 <= int(m.group(1)) <= 100:
+        raise ValueError(f"rollout.maxUnavailable {value!r} is not a count >= 1 or a percentage from 1% to 100%")
+    return max(1, math.floor(replicas * int(m.group(1)) / 100))
+
+
 class Rollout(_Model):
-    max_unavailable: IntOrString = Field(1, description="Pods out of serving at once (count or percent), for restarts and backend swaps.")
+    model_config = ConfigDict(json_schema_extra=_cel("rollout"))
+    max_unavailable: IntOrString = Field(1, description="Pods out of serving at once (a count >= 1, or a percentage "
+                                                        "of replicas rounded down, at least 1), for restarts and "
+                                                        "backend swaps; the PodDisruptionBudget gets the same count.")
     drain_timeout_seconds: int = Field(300, ge=1, le=INT32_MAX, description="How long a pod may take to finish in-flight requests.")
 
 

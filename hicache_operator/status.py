@@ -1,24 +1,35 @@
-"""HiCacheDeployment.status: its model (for the CRD) and the pure function that computes it.
+"""HiCacheDeployment.status: its model (for the CRD) and the one pure function that computes it.
 
-The status is derived from what the operator decided (``Desired``) and what it observes (the
-StatefulSet and the pods), never from memory of what it did, so a restarted operator writes the
-same status. ``backendSwap`` belongs to the rollout module and is never written here; condition
-types this module does not own are carried over untouched.
+``derive`` builds the whole status from one ``Observed``: what the operator decided
+(``Desired``, or the validation errors), what it observes (the pods), problems found elsewhere
+(sizing, Secrets), the backend-swap view (``status.backendSwap`` and its two conditions, which
+the rollout module computes and this module only reads) and, when a reconcile failed, the
+failure. Every field a printer column shows and every condition come from the same counts, so
+they cannot disagree; nothing is remembered from what the operator did, so a restarted
+operator writes the same status. Condition types this module does not know are carried over.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from hicache_operator import labels
+from hicache_operator.pods import (
+    annotation,
+    pod_is_ready,
+    pod_is_terminating,
+    pod_runs,
+    unavailable_reason,
+)
 
-OWN_CONDITIONS = ("ConfigValid", "Ready", "Progressing", "Degraded")
+SWAP_IN_PROGRESS, SWAP_FAILED = "BackendSwapInProgress", "BackendSwapFailed"  # rollout.planner's
+SWAP_CONDITIONS = (SWAP_IN_PROGRESS, SWAP_FAILED)
+OWN_CONDITIONS = ("ConfigValid", "Ready", "Progressing", "Degraded", *SWAP_CONDITIONS)
 
 
 class _Model(BaseModel):
@@ -36,7 +47,7 @@ class Condition(_Model):
 
 class HiCacheDeploymentStatus(_Model):
     observed_generation: int | None = None
-    replicas: int | None = Field(None, description="Pods that exist.")
+    replicas: int | None = Field(None, description="Pods that exist (not terminating).")
     ready_replicas: int | None = Field(None, description="Pods that are Ready (containers and the serving gate).")
     ready: str | None = Field(None, description="readyReplicas/spec.replicas, for the READY column.")
     selector: str | None = Field(None, description="Pod label selector (scale subresource).")
@@ -45,9 +56,12 @@ class HiCacheDeploymentStatus(_Model):
         None, description="The configuration after normalisation, the rendered arguments, and every rule applied.")
     sizing: dict[str, Any] | None = Field(None, description="Host pool sizing arithmetic.")
     host_pool: str | None = Field(None, description="Host pool per rank, for the HOST-POOL column.")
-    current_backend: str | None = Field(None, description="L3 backend most pods run now.")
+    current_backend: str | None = Field(
+        None, description="L3 backend the running pods run: the target when all do, else the one most of the "
+                          "others run; unset while no pod runs.")
     target_backend: str | None = Field(None, description="L3 backend the spec asks for.")
-    swap_progress: str | None = Field(None, description="Pods on the target storage config / pods.")
+    swap_progress: str | None = Field(
+        None, description="Running pods on the target storage config / spec.replicas.")
     backend_swap: dict[str, Any] | None = Field(None, description="Backend swap state, owned by the rollout module.")
 
 
@@ -65,163 +79,235 @@ class Desired:
     sizing: dict[str, Any] | None
 
 
-def pod_is_ready(pod: dict) -> bool:
-    return _pod_condition(pod, "Ready") == "True"
+@dataclass(frozen=True)
+class SwapView:
+    """The backend-swap half of the status, as the rollout module left it: ``state`` is
+    ``status.backendSwap`` (None before the first swap step), ``conditions`` its
+    BackendSwapInProgress / BackendSwapFailed conditions ({type, status, reason, message})."""
+
+    state: dict[str, Any] | None = None
+    conditions: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, status: dict | None) -> "SwapView":
+        """The view a status was written with (a reconcile that ran no swap step keeps it)."""
+        status = status or {}
+        return cls(status.get("backendSwap"),
+                   tuple(c for c in status.get("conditions") or [] if c.get("type") in SWAP_CONDITIONS))
+
+    def condition(self, ctype: str) -> dict[str, Any] | None:
+        return next((c for c in self.conditions if c.get("type") == ctype), None)
+
+    @property
+    def failed(self) -> dict[str, Any] | None:
+        """BackendSwapFailed when True: the rollout stopped until the target changes."""
+        cond = self.condition(SWAP_FAILED)
+        return cond if cond is not None and cond.get("status") == "True" else None
+
+    @property
+    def in_progress(self) -> dict[str, Any] | None:
+        cond = self.condition(SWAP_IN_PROGRESS)
+        return cond if cond is not None and cond.get("status") == "True" else None
+
+    @property
+    def records(self) -> set[str]:
+        """Pods the swap holds (draining, swapping, rolling back, readmitting)."""
+        pods = (self.state or {}).get("pods")
+        return set(pods) if isinstance(pods, dict) else set()
+
+    @property
+    def unattached(self) -> dict[str, str]:
+        """Pods started on the target that could not attach it (pod -> the runtime's reason)."""
+        found = (self.state or {}).get("unattached")
+        return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
-STILL_CREATING = {"ContainerCreating", "PodInitializing"}  # waiting reasons that are no fault
+@dataclass(frozen=True)
+class Observed:
+    """Everything one status is derived from.
+
+    ``spec_replicas``: spec.replicas as written, READY's denominator even when the spec is
+    invalid (None: ``desired``'s, or the live pods' count without either). ``desired`` is None
+    when the spec is invalid (``errors`` says why); the status then describes the pods still
+    running from the last valid spec, whose target ``previous`` keeps. ``problems``: (reason,
+    message) found outside the pods (the sizing no longer fits, a Secret is missing).
+    ``swap``: None means as ``previous`` has it."""
+
+    generation: int
+    previous: dict[str, Any]
+    now: str
+    desired: Desired | None = None
+    errors: tuple[tuple[str, str], ...] = ()
+    pods: tuple[dict, ...] = ()
+    problems: tuple[tuple[str, str], ...] = ()
+    spec_replicas: int | None = None
+    swap: SwapView | None = None
 
 
-def unavailable_reason(pod: dict) -> str | None:
-    """Why a pod that is not Ready counts against the fleet, or None while it is starting for
-    the first time (pending, startup probe not passed yet: the kubelet's ``started``, not yet
-    admitted to serving, or started and not ready once since) or being readmitted (containers
-    ready, gate True, Ready not yet recomputed: the end of every swap). Loading a model takes
-    minutes, and that is progress, not a degraded fleet; a pod that cannot start, crashed, cannot
-    be scheduled, was ready and failed, or is held out of serving is a problem."""
-    status = pod.get("status") or {}
-    containers = status.get("containerStatuses") or []
-    for cs in containers:
-        waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
-        if waiting and waiting not in STILL_CREATING:
-            # ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff (with the last line
-            # the crashed container wrote: the runtime's one-line reason for a bad checkpoint)
-            why = _last_line(((cs.get("lastState") or {}).get("terminated") or {}).get("message"))
-            return f"{waiting}: {why}" if why else waiting
-    restarts = sum(cs.get("restartCount") or 0 for cs in containers)
-    if restarts:  # back from a crash, or ready since and failing now
-        if any(cs.get("started") is False for cs in containers) or _unready_since_start(pod, containers):
-            return f"restarted {restarts} time(s)"
-        return f"not ready (earlier restarts: {restarts})"
-    if _pod_condition(pod, "PodScheduled") == "False":
-        return "Unschedulable"
-    if status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers):
-        return None
-    gate = _pod_condition(pod, labels.SERVING_CONDITION)
-    if gate is None:
-        return None  # not admitted to serving yet: the operator sets the gate on first sight
-    if _pod_condition(pod, "ContainersReady") == "True":
-        # its containers are ready and Ready waits on the serving gate: just readmitted (the
-        # kubelet has yet to recompute Ready), or held out of serving
-        return None if gate == "True" else "held out of serving (hicache.dev/serving False)"
-    return None if _unready_since_start(pod, containers) else "not ready"
+class Status(dict):
+    """A derived status (camelCase dict) that keeps the observation it was derived from, so a
+    caller that learns more (spec.replicas of an invalid spec, its swap step's outcome) derives
+    it again with ``rederive`` instead of patching fields."""
 
+    def __init__(self, content: dict[str, Any], observed: Observed) -> None:
+        super().__init__(content)
+        self.observed = observed
 
-def _last_line(text: Any, limit: int = 300) -> str:
-    lines = [ln.strip() for ln in str(text or "").splitlines() if ln.strip()]
-    return lines[-1][:limit] if lines else ""
-
-
-def _unready_since_start(pod: dict, containers: list[dict]) -> bool:
-    """Started, and not ready once since: its first readiness probes are still to come. The
-    kubelet moves ContainersReady's lastTransitionTime only when it flips, so a False dating from
-    before the containers started has not been True since (one that failed later is newer)."""
-    cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "ContainersReady"),
-                None)
-    started = [((cs.get("state") or {}).get("running") or {}).get("startedAt") for cs in containers]
-    if cond is None or cond.get("status") != "False" or not cond.get("lastTransitionTime") \
-            or not started or None in started:
-        return False
-    return _when(cond["lastTransitionTime"]) <= min(_when(t) for t in started)
-
-
-def _when(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-
-
-def pod_is_terminating(pod: dict) -> bool:
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def _pod_condition(pod: dict, ctype: str) -> str | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == ctype:
-            return cond.get("status")
-    return None
-
-
-def _annotation(pod: dict, key: str) -> str | None:
-    return ((pod.get("metadata") or {}).get("annotations") or {}).get(key)
-
-
-def swap_view(pods: list[dict], target_hash: str, target_backend: str, previous_backend: str | None) -> tuple[str, str]:
-    """(currentBackend, swapProgress) from the storage annotations the pods carry."""
-    live = [p for p in pods if not pod_is_terminating(p)]
-    behind = [p for p in live if _annotation(p, labels.STORAGE_HASH) != target_hash]
-    progress = f"{len(live) - len(behind)}/{len(live)}"
-    if not behind:
-        return target_backend, progress
-    counts = Counter(_annotation(p, labels.STORAGE_BACKEND) or previous_backend or "unknown" for p in behind)
-    return counts.most_common(1)[0][0], progress
+    def rederive(self, **more: Any) -> "Status":
+        return derive(replace(self.observed, **more))
 
 
 def build_status(*, generation: int, previous: dict | None, desired: Desired | None,
                  errors: list[tuple[str, str]], pods: list[dict], degraded: list[tuple[str, str]],
-                 now: str) -> dict[str, Any]:
-    """The status patch for one reconcile (camelCase dict, without backendSwap).
+                 now: str, spec_replicas: int | None = None, swap: SwapView | None = None) -> Status:
+    """``derive`` of one reconcile's observation; ``degraded`` are its ``problems``."""
+    return derive(Observed(generation=generation, previous=previous or {}, now=now, desired=desired,
+                           errors=tuple(errors), pods=tuple(pods), problems=tuple(degraded),
+                           spec_replicas=spec_replicas, swap=swap))
 
-    ``desired`` is None when the spec is invalid: the conditions say so and the rest describes
-    the pods still running from the last valid spec. ``degraded`` lists (reason, message) of
-    problems found outside the pods (e.g. the sizing no longer fits, the admin Secret is missing).
-    """
+
+@dataclass
+class _Fleet:
+    """The counts every field and condition is built from."""
+
+    live: list[dict]
+    terminating: int
+    replicas: int
+    ready: int
+    unready: dict[str, str | None] = field(default_factory=dict)  # pod -> why it is unavailable, None: starting
+    running: list[dict] = field(default_factory=list)
+    target_hash: str | None = None
+    target_backend: str | None = None
+    on_target: list[dict] = field(default_factory=list)
+    current_backend: str | None = None
+
+    @property
+    def starting(self) -> int:
+        return sum(1 for why in self.unready.values() if why is None)
+
+
+def derive(o: Observed) -> Status:
+    """The whole status: fields, conditions, ``backendSwap`` (see the module docstring)."""
+    swap = o.swap if o.swap is not None else SwapView.of(o.previous)
+    fleet = _fleet(o, swap)
+    out: dict[str, Any] = {"observedGeneration": o.generation, "replicas": len(fleet.live),
+                           "readyReplicas": fleet.ready, "ready": f"{fleet.ready}/{fleet.replicas}"}
+    carried = ("selector", "hostPool", "targetBackend", "effectiveConfig", "sizing")
+    if o.desired is not None:
+        out.update(selector=o.desired.selector, hostPool=o.desired.host_pool, targetBackend=o.desired.backend,
+                   effectiveConfig=o.desired.effective_config)
+        if o.desired.sizing is not None:
+            out["sizing"] = o.desired.sizing
+    else:  # what the pods of the last valid spec run
+        out.update({k: o.previous[k] for k in carried if o.previous.get(k) is not None})
+    if fleet.current_backend is not None:
+        out["currentBackend"] = fleet.current_backend
+    if fleet.target_hash is not None:
+        out["swapProgress"] = f"{len(fleet.on_target)}/{fleet.replicas}"
+    if swap.state is not None:
+        out["backendSwap"] = swap.state
+    progressing = _progressing(o, swap, fleet)
+    ready = fleet.ready >= fleet.replicas
+    conds = [_config_valid(o),
+             _cond("Progressing", progressing[0] is not None, *progressing[1:]),
+             _degraded(o, swap, fleet, settled=progressing[0] in (None, "PodsStarting")),
+             _cond("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
+                   f"{fleet.ready}/{fleet.replicas} pod(s) ready"),
+             *({k: c[k] for k in ("type", "status", "reason", "message") if k in c} for c in swap.conditions)]
+    out["conditions"] = merge_conditions(o.previous.get("conditions") or [], conds, o.generation, o.now)
+    return Status(out, o)
+
+
+def _fleet(o: Observed, swap: SwapView) -> _Fleet:
+    live = [p for p in o.pods if not pod_is_terminating(p)]
+    replicas = o.spec_replicas if o.spec_replicas is not None else o.desired.replicas if o.desired else len(live)
+    held = swap.records
+    unready = {p["metadata"]["name"]: None if p["metadata"]["name"] in held else unavailable_reason(p)
+               for p in live if not pod_is_ready(p)}
+    fleet = _Fleet(live=live, terminating=len(o.pods) - len(live), replicas=replicas,
+                   ready=len(live) - len(unready), unready=unready, running=[p for p in live if pod_runs(p)])
+    if o.desired is not None:
+        fleet.target_hash, fleet.target_backend = o.desired.storage_hash, o.desired.backend
+    else:  # the last valid spec's target, if there was one
+        fleet.target_hash = (o.previous.get("effectiveConfig") or {}).get("storageHash")
+        fleet.target_backend = o.previous.get("targetBackend")
+    # A pod runs the storage config its annotations name (its template's, rewritten by a live
+    # swap), except one whose runtime could not attach it at start: that one runs none.
+    unattached = swap.unattached
+    fleet.on_target = [p for p in fleet.running if fleet.target_hash is not None and p["metadata"]["name"]
+                       not in unattached and annotation(p, labels.STORAGE_HASH) == fleet.target_hash]
+    behind = ["none" if p["metadata"]["name"] in unattached else annotation(p, labels.STORAGE_BACKEND) or "unknown"
+              for p in fleet.running if p not in fleet.on_target]
+    if fleet.running:
+        fleet.current_backend = Counter(behind).most_common(1)[0][0] if behind else fleet.target_backend
+    return fleet
+
+
+def _config_valid(o: Observed) -> dict[str, Any]:
+    if o.errors:
+        return _cond("ConfigValid", False, o.errors[0][0], "; ".join(f"{r}: {m}" for r, m in o.errors))
+    notes = (o.desired.effective_config.get("normalisations") or []) if o.desired else []
+    return _cond("ConfigValid", True, "Valid",
+                 f"{len(notes)} normalisation(s) applied, see status.effectiveConfig" if notes else "spec is valid")
+
+
+def _progressing(o: Observed, swap: SwapView, fleet: _Fleet) -> tuple[str | None, str, str]:
+    """(reason while True or None, reason, message): what the pods are converging to."""
+    if o.desired is None:
+        return None, "ConfigInvalid", "nothing is rolled out while the spec is invalid (see ConfigValid)"
+    stale = [p for p in fleet.live if annotation(p, labels.RESTART_HASH) != o.desired.restart_hash]
+    if stale:
+        return "RollingRestart", "RollingRestart", f"{len(stale)} of {len(fleet.live)} pod(s) run an older pod template"
+    if fleet.terminating:
+        return "PodsTerminating", "PodsTerminating", f"{fleet.terminating} pod(s) terminating"
+    if len(fleet.live) != fleet.replicas:
+        return "Scaling", "Scaling", f"{len(fleet.live)} pod(s), want {fleet.replicas}"
+    if swap.failed is not None:
+        return None, SWAP_FAILED, ("the backend swap stopped (see BackendSwapFailed); it starts again when "
+                                   "spec.hicache.storage changes")
+    behind = [p for p in fleet.running if p not in fleet.on_target and p["metadata"]["name"] not in swap.unattached]
+    if swap.in_progress is not None or behind:
+        return "BackendSwap", "BackendSwap", (f"{len(fleet.on_target)}/{fleet.replicas} pod(s) on the target storage "
+                                              f"config ({fleet.target_backend})")
+    if fleet.starting:
+        return "PodsStarting", "PodsStarting", f"{fleet.starting} of {len(fleet.live)} pod(s) starting"
+    return None, "Reconciled", "pods match the spec"
+
+
+def _degraded(o: Observed, swap: SwapView, fleet: _Fleet, settled: bool) -> dict[str, Any]:
+    """Degraded: True with the first problem's reason and every problem's message."""
+    problems: list[tuple[str, str]] = []
+    if o.desired is None:
+        problems.append(("ConfigInvalid", f"the spec is invalid (see ConfigValid); {len(fleet.live)} pod(s) of the "
+                                          "last valid spec keep running"))
+    problems += o.problems
+    if swap.failed is not None:
+        problems.append((SWAP_FAILED, f"backend swap failed: {swap.failed.get('message', '')}"))
+    if swap.unattached:
+        names = sorted(swap.unattached)
+        problems.append(("StorageUnavailable", f"{', '.join(names)} could not attach {fleet.target_backend} when "
+                         f"started and serve from L1+L2 ({swap.unattached[names[0]]}); fix the store, then delete "
+                         "those pods to restart them on it"))
+    if not problems and settled and fleet.ready + fleet.starting < fleet.replicas:
+        problems.append(("ReplicasUnavailable", _unavailable_message(fleet.ready, fleet.replicas, fleet.starting,
+                                                                     fleet.unready)))
+    if not problems:
+        return _cond("Degraded", False, "AsExpected", "no problems found")
+    return _cond("Degraded", True, problems[0][0], "; ".join(m for _, m in problems))
+
+
+def failed(previous: dict | None, generation: int, failure: tuple[str, str], now: str) -> dict[str, Any]:
+    """The status after a reconcile that raised ``failure`` (reason, message): the fields and
+    the other conditions as the last derive left them (nothing new was observed), Degraded with
+    the failure, and Progressing False: nothing moves until a reconcile succeeds, and the next
+    one that does derives the whole status again."""
     previous = previous or {}
-    live = [p for p in pods if not pod_is_terminating(p)]
-    ready = sum(1 for p in live if pod_is_ready(p))
-    unready = {p["metadata"]["name"]: unavailable_reason(p) for p in live if not pod_is_ready(p)}
-    starting = sum(1 for why in unready.values() if why is None)
-    replicas = desired.replicas if desired else int(previous.get("replicas") or len(live))
-    out: dict[str, Any] = {
-        "observedGeneration": generation,
-        "replicas": len(live),
-        "readyReplicas": ready,
-        "ready": f"{ready}/{replicas}",
-    }
-    conds: list[dict[str, Any]] = []
-    if errors:
-        conds.append(_cond("ConfigValid", False, errors[0][0], "; ".join(f"{r}: {m}" for r, m in errors)))
-    else:
-        notes = (desired.effective_config.get("normalisations") or []) if desired else []
-        msg = f"{len(notes)} normalisation(s) applied, see status.effectiveConfig" if notes else "spec is valid"
-        conds.append(_cond("ConfigValid", True, "Valid", msg))
-
-    progressing: tuple[str, str] | None = None
-    if desired:
-        out.update(selector=desired.selector, hostPool=desired.host_pool, targetBackend=desired.backend,
-                   effectiveConfig=desired.effective_config)
-        if desired.sizing is not None:
-            out["sizing"] = desired.sizing
-        current, progress = swap_view(live, desired.storage_hash, desired.backend, previous.get("currentBackend"))
-        out.update(currentBackend=current, swapProgress=progress)
-        stale = [p for p in live if _annotation(p, labels.RESTART_HASH) != desired.restart_hash]
-        behind = sum(1 for p in live if _annotation(p, labels.STORAGE_HASH) != desired.storage_hash)
-        terminating = len(pods) - len(live)
-        if stale:
-            progressing = ("RollingRestart", f"{len(stale)} of {len(live)} pod(s) run an older pod template")
-        elif terminating:
-            progressing = ("PodsTerminating", f"{terminating} pod(s) terminating")
-        elif len(live) != desired.replicas:
-            progressing = ("Scaling", f"{len(live)} pod(s), want {desired.replicas}")
-        elif behind:
-            progressing = ("BackendSwap", f"{progress} pod(s) on the target storage config ({desired.backend})")
-        elif starting:
-            progressing = ("PodsStarting", f"{starting} of {len(live)} pod(s) starting")
-    conds.append(_cond("Progressing", progressing is not None, *(progressing or ("Reconciled", "pods match the spec"))))
-
-    problem = degraded[0] if degraded else None
-    settled = progressing is None or progressing[0] == "PodsStarting"
-    if problem is None and settled and ready + starting < replicas:
-        problem = ("ReplicasUnavailable", _unavailable_message(ready, replicas, starting, unready))
-    if problem:
-        message = "; ".join(m for _, m in degraded) if degraded else problem[1]
-        conds.append(_cond("Degraded", True, problem[0], message))
-    else:
-        conds.append(_cond("Degraded", False, "AsExpected", "no problems found"))
-
-    all_ready = ready >= replicas and len(live) == len(pods)
-    conds.append(_cond("Ready", all_ready, "AllReplicasReady" if all_ready else "ReplicasNotReady",
-                       f"{ready}/{replicas} pod(s) ready"))
-    out["conditions"] = merge_conditions(previous.get("conditions") or [], conds, generation, now)
-    return out
+    mine = [_cond("Progressing", False, failure[0], "stopped: the last reconcile failed (see Degraded)"),
+            _cond("Degraded", True, *failure)]
+    new = {c["type"]: c for c in merge_conditions(previous.get("conditions") or [], mine, generation, now)
+           if c["type"] in ("Progressing", "Degraded")}
+    kept = [new.pop(c.get("type"), c) for c in previous.get("conditions") or []]
+    return {**previous, "conditions": [*kept, *new.values()]}
 
 
 def _unavailable_message(ready: int, replicas: int, starting: int, unready: dict[str, str | None]) -> str:

@@ -130,7 +130,9 @@ def _acted_at(record: Any) -> dt.datetime | None:
     return when if when is not None and when.tzinfo is not None else None
 
 
-def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None) -> PodObservation:
+def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None, target_hash: str) -> PodObservation:
+    """``target_hash``: ``render.storage_hash`` of the target, which a pod created from a
+    template carrying it has in its storage annotation."""
     meta, status = pod["metadata"], pod.get("status") or {}
     ip = status.get("podIP")
     fields: dict[str, Any] = {"runtime_error": "pod has no IP yet"}
@@ -140,6 +142,7 @@ def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None)
     return PodObservation(name=meta["name"], uid=meta["uid"], phase=status.get("phase") or "Pending",
                           deletion_timestamp=_parse_time(meta.get("deletionTimestamp")),
                           serving_gate=serving_gate(pod), endpoint_ready=endpoints.get(ip) if ip else None,
+                          started_on_target=(meta.get("annotations") or {}).get(labels.STORAGE_HASH) == target_hash,
                           observed_at=observed_at, **fields)
 
 
@@ -292,7 +295,7 @@ def _idle(view: Any) -> bool:
 
 
 async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[dict], endpoints: dict[str, bool],
-                   records: dict[str, str], key: str | None, rolling: bool = False,
+                   records: dict[str, str], key: str | None, target_hash: str, rolling: bool = False,
                    acted: dict[str, dt.datetime] | None = None) -> tuple[list[PodObservation], list[CachedView]]:
     """Each pod as seen now: gate and endpoint from the watches, runtime from a GET made now,
     or an earlier read where a new one could not change the plan, or need not come first:
@@ -345,7 +348,7 @@ async def _observe(http: httpx.AsyncClient, fleet: tuple[str, str], pods: list[d
             if read is None:
                 read = await _read(http, pod, key)
             kept.append(read)
-        return _observation(pod, endpoints, read)
+        return _observation(pod, endpoints, read, target_hash)
     observations = list(await asyncio.gather(*(one(p) for p in pods)))
     VIEWS.replace(fleet, kept)
     return observations, renew
@@ -472,8 +475,8 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
         async with shared_client() as http:
             rolling = isinstance(swap_state, dict) and (swap_state.get("phase") == "InProgress" or
                                                         swap_state.get("target") != storage_fingerprint(target))
-            observations, renew = await _observe(http, (ns, name), pods, endpoints_then, records, key, rolling,
-                                                 acted)
+            observations, renew = await _observe(http, (ns, name), pods, endpoints_then, records, key,
+                                                 render.storage_hash(spec), rolling, acted)
             timings["observe"] = time.monotonic()
             if renew and (renewal := _renew((ns, name), [(by_uid[v.uid], v) for v in renew], key)) is not None:
                 renewals.append(renewal)
@@ -494,7 +497,7 @@ def step(api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: l
                 named = [n for n in names if ips.get(n)]
                 reads = await asyncio.gather(*(_read(http, by_name[n], key) for n in named))
                 VIEWS.update((ns, name), reads)
-                return [_observation(by_name[n], endpoints_then, r) for n, r in zip(named, reads)]
+                return [_observation(by_name[n], endpoints_then, r, gate_args[0]) for n, r in zip(named, reads)]
 
             clock = lambda: dt.datetime.now(dt.timezone.utc)  # noqa: E731
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from hicache_operator import engine, engine_versions, flags, render, sizing
 from hicache_operator.rules import rule
-from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator.spec import HiCacheDeploymentSpec, resolve_max_unavailable
 
 DYNAMIC_REQUIRED = ("backend_name", "module_path", "class_name")
 DEFAULT_FILE_STORAGE_PATH = "/tmp/hicache"  # SGLang's HiCacheFile default, and the runtime's
@@ -94,9 +94,10 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
             out.append(finding("bundled-model-source"))
         if spec.parallelism.dp > 1 or spec.parallelism.pp > 1:
             out.append(finding("bundled-parallelism"))
-    mu = spec.rollout.max_unavailable
-    if (isinstance(mu, int) and mu < 0) or (isinstance(mu, str) and not (re.fullmatch(r"\d+%", mu) and int(mu[:-1]) <= 100)):
-        out.append(finding("max-unavailable", value=mu))
+    try:
+        resolve_max_unavailable(spec.rollout.max_unavailable, spec.replicas)
+    except ValueError:
+        out.append(finding("max-unavailable"))
     if storage.backend == "mooncake":
         master = (storage.mooncake.master_address if storage.mooncake else None)
         if not master and not storage.extra_config.get("master_server_address"):
@@ -348,7 +349,10 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[d
     outcome = Outcome(effective, findings)
     if outcome.errors:
         return outcome
-    if pinned_sizing and pinned_sizing.get("inputsHash") == sizing.inputs_hash(effective):
+    # a pinned record is reused only if it fitted: a fleet no node could hold is sized afresh
+    # each time, so a node that arrives later is found
+    if pinned_sizing and pinned_sizing.get("inputsHash") == sizing.inputs_hash(effective) \
+            and "ineligible" not in pinned_sizing:
         outcome.sizing = pinned_sizing
     elif nodes is not None or effective.hicache.host_pool.from_node_memory is None:
         try:
@@ -361,5 +365,7 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[d
                                     why=outcome.sizing["ineligible"]))
     memory = check_memory_request(effective, outcome.sizing) if outcome.sizing else []
     findings += memory
+    if outcome.sizing and outcome.sizing.get("note") and "memory" not in effective.resources.requests:
+        findings.append(finding("no-memory-request", why=outcome.sizing["note"]))
     findings += check_pod_fields(effective, outcome.sizing, compare_memory=not memory)
     return outcome

@@ -9,7 +9,10 @@ fresh reads, most of them redundant. Here every trigger only *adds* the deployme
   again for after, so a change seen mid-reconcile is never lost;
 - urgent requests (a spec that changed, a swap in flight) go ahead of routine ones (pod status
   refreshes, periodic resyncs), so a thousand pod events never delay a new deployment;
-- a failed reconcile is retried after a per-key exponential backoff.
+- a failed reconcile is retried after a per-key exponential backoff, and while a key backs off
+  every other trigger for it waits for that retry (merged into it): pod events, swap polls and
+  resyncs would otherwise re-run a failing reconcile several times a second. Only a new
+  generation of the spec (trigger ``spec``, the user's fix) goes ahead at once.
 
 A reconcile reads the newest version of the object when it starts (``bodycache``), so a merged
 request covers every trigger that arrived before it began.
@@ -26,6 +29,7 @@ from typing import Hashable
 
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
+NOT_HELD = frozenset({"retry", "spec"})  # the retry itself, and a new spec (which may be the fix)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class WorkQueue:
         self._seq = 0
         self._failures: dict[Hashable, int] = {}
         self._last_active: dict[Hashable, float] = {}  # when the key was last taken or done
+        self._backoff_until: dict[Hashable, float] = {}  # failing keys: when their retry is due
+        self._held: dict[Hashable, Request] = {}  # triggers that came while their key backs off
         self._closed = False
 
     def add(self, key: Hashable, request: Request) -> None:
@@ -64,6 +70,13 @@ class WorkQueue:
     def _add_locked(self, key: Hashable, request: Request) -> None:
         if self._closed:
             return
+        if self._clock() < self._backoff_until.get(key, 0.0) and request.trigger not in NOT_HELD:
+            held = self._held.get(key)
+            self._held[key] = request if held is None else held.merge(request)
+            return
+        held = self._held.pop(key, None)
+        if held is not None:
+            request = request.merge(held)
         old = self._waiting.get(key)
         request = replace(request, queued_at=self._clock())
         merged = request if old is None else old.merge(request)
@@ -84,17 +97,26 @@ class WorkQueue:
             self._cond.notify()
 
     def retry(self, key: Hashable, request: Request) -> float:
-        """Re-add after a failure, with exponential backoff per key; returns the delay."""
+        """Re-add after a failure, with exponential backoff per key; returns the delay. Until
+        then other triggers for the key are held and merged into the retry, those that came
+        while the failed reconcile ran included (called before ``done``)."""
         with self._cond:
             n = self._failures.get(key, 0)
             self._failures[key] = n + 1
-        delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** n)
+            delay = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** n)
+            self._backoff_until[key] = self._clock() + delay
+            came = self._waiting.get(key)
+            if key in self._processing and came is not None and came.trigger not in NOT_HELD:
+                del self._waiting[key]
+                held = self._held.get(key)
+                self._held[key] = came if held is None else held.merge(came)
         self.add_after(key, Request("retry", request.apply, request.urgent), delay)
         return delay
 
     def succeeded(self, key: Hashable) -> None:
         with self._cond:
             self._failures.pop(key, None)
+            self._backoff_until.pop(key, None)
 
     def get(self, timeout: float | None = None) -> tuple[Hashable, Request] | None:
         """The next key to process (marked processing until ``done``), or None on close/timeout."""
@@ -137,6 +159,8 @@ class WorkQueue:
         with self._cond:
             self._failures.pop(key, None)
             self._last_active.pop(key, None)
+            self._backoff_until.pop(key, None)
+            self._held.pop(key, None)
 
     def quiet_for(self, key: Hashable) -> float:
         """Seconds since the key was last processed (0 while queued or processing; infinite if

@@ -12,7 +12,7 @@ Memory must be registered with the store for that: the engine registers its L2 p
 :meth:`register_buffer` (as SGLang does); any other tensor is registered for the duration of
 the call (a few microseconds on TCP).
 
-Availability (measured on mooncake 0.3.13, see docs/l3-backends.md): with the master gone,
+Availability (measured on mooncake 0.3.13 by tests/integration/reliability/test_rel_mooncake_faults.py): with the master gone,
 every store call blocks ~4.3 s, ``close()`` blocks ~13 s with the GIL held, and ``setup()``
 blocks ~4.5 s per retry. So we (a) poll the master's RPC port before ``setup``, (b) ask the
 client's own ``health_check()`` (local, instant; it turns "unreachable" within ~1-2 s of the

@@ -8,10 +8,10 @@ runtime say *now*.
 
 from __future__ import annotations
 
-import math
-import re
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
+
+from hicache_operator.spec import resolve_max_unavailable
 
 from .storage_config import ReportedBackend
 
@@ -27,6 +27,8 @@ class PodObservation(BaseModel):
     ``GET /hicache/storage-backend``, None when that failed (then
     ``runtime_error`` says why). ``in_flight``/``queued``: the runtime's
     ``sglang:num_running_reqs``/``sglang:num_queue_reqs``, None when unknown.
+    ``started_on_target``: the pod was created with the target storage config
+    on its command line (its template carried it).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -41,6 +43,7 @@ class PodObservation(BaseModel):
     in_flight: NonNegativeInt | None = None
     queued: NonNegativeInt | None = None
     runtime_error: str | None = None
+    started_on_target: bool = False
     observed_at: AwareDatetime
 
     @property
@@ -57,12 +60,18 @@ class PodObservation(BaseModel):
         return self.in_flight == 0 and self.queued == 0
 
     @property
+    def start_failure(self) -> str | None:
+        """Why the target it was started with is not attached (it serves from L1+L2), or None.
+        Such a pod is not swapped: the attach failed once already, and a fix of the store
+        reaches it by a restart (or the next storage change), not by taking it out of serving."""
+        if self.started_on_target and self.backend is not None and self.backend.backend is None:
+            return self.backend.start_failure
+        return None
+
+    @property
     def available(self) -> bool:
         """Counts as serving for the maxUnavailable budget."""
         return self.live and self.phase == "Running" and self.serving_gate is True and self.endpoint_ready is True
-
-
-_PERCENT = re.compile(r"^(\d{1,3})%$")
 
 
 class RolloutSettings(BaseModel):
@@ -89,19 +98,8 @@ class RolloutSettings(BaseModel):
     @field_validator("max_unavailable", mode="before")
     @classmethod
     def _int_or_percent(cls, value: object) -> int | str:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ValueError("maxUnavailable must be an integer or a percentage like '25%'")
-        if isinstance(value, int):
-            if value < 1:
-                raise ValueError("maxUnavailable must be at least 1 (0 would never let a pod be swapped)")
-            return value
-        match = _PERCENT.match(value.strip())
-        if not match or not 1 <= int(match.group(1)) <= 100:
-            raise ValueError(f"maxUnavailable {value!r} must be an integer >= 1 or a percentage from 1% to 100%")
-        return value.strip()
+        resolve_max_unavailable(value, 1)  # raises for anything the spec refuses
+        return value.strip() if isinstance(value, str) else value
 
     def budget(self, fleet_size: int) -> int:
-        if isinstance(self.max_unavailable, int):
-            return self.max_unavailable
-        percent = int(self.max_unavailable[:-1])
-        return max(1, math.floor(fleet_size * percent / 100))
+        return resolve_max_unavailable(self.max_unavailable, fleet_size)

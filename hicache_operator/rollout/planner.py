@@ -51,6 +51,11 @@ A record whose pod is gone or has a new uid is dropped; the new pod is judged
 afresh (a pod created from a template carrying the target needs nothing but
 its gate set True). Observations not newer than a pod's last action are
 treated as stale.
+
+A pod started on the target whose runtime could not attach it (an unreachable
+Mooncake master at start: it serves from L1+L2) is not swapped: a new fleet on
+its target is no swap, and the attach already failed once. It is listed in
+``unattached`` (the operator reports it as Degraded) until it runs the target.
 """
 
 from __future__ import annotations
@@ -340,7 +345,7 @@ class _Planner:
             if obs.name in self.records or obs.name in self.acted or obs.serving_gate is not False:
                 continue
             previous = obs.backend.to_config() if obs.reachable else None
-            needs_swap = obs.reachable and not config_matches(obs.backend, self.target)
+            needs_swap = obs.reachable and not config_matches(obs.backend, self.target) and not obs.start_failure
             rec = PodSwap(uid=obs.uid, step=Step.DRAINING, since=self.now, acted_at=self.now,
                           previous=previous.canonical() if previous is not None else None)
             if needs_swap and not self.failed:
@@ -360,6 +365,7 @@ class _Planner:
             o for o in live
             if o.name not in self.records and o.name not in self.acted and o.phase == "Running"
             and o.serving_gate is not False and o.reachable and not config_matches(o.backend, self.target)
+            and not o.start_failure
         ]
         if not self.failed:
             candidates.sort(key=lambda o: (o.name not in unavailable, natural_key(o.name)))
@@ -388,7 +394,10 @@ class _Planner:
 
     def _finish(self, live: list[PodObservation]) -> Plan:
         matching = [o for o in live if o.reachable and config_matches(o.backend, self.target)]
-        mismatched = [o for o in live if o.reachable and not config_matches(o.backend, self.target)]
+        unattached = {o.name: o.start_failure for o in live if o.start_failure and o not in matching
+                      and o.name not in self.records}
+        mismatched = [o for o in live if o.reachable and not config_matches(o.backend, self.target)
+                      and o.name not in unattached]
         unknown = [o for o in live if not o.reachable]
         fleet = self._fleet_size(live)
         done = sum(1 for o in matching if o.name not in self.records)
@@ -397,13 +406,16 @@ class _Planner:
                 self._in_progress()
             elif not unknown and not self._absent(live) and all(o.available for o in live):
                 if self.state.phase is not Phase.COMPLETE and self.prior is not None and not self.state.initial:
-                    self._event("Normal", "BackendSwapComplete", f"all {len(live)} pods run {self.target.describe()}")
+                    runs = f"all {len(live)} pods run" if not unattached else \
+                        f"{len(live) - len(unattached)} of {len(live)} pods run"
+                    self._event("Normal", "BackendSwapComplete", f"{runs} {self.target.describe()}")
                 self.state = self.state.model_copy(update={"phase": Phase.COMPLETE})
         backends = sorted({o.backend.backend or "none" for o in live if o.reachable})
         self.state = self.state.model_copy(update={
             "pods": dict(sorted(self.records.items(), key=lambda kv: natural_key(kv[0]))),
             "progress": f"{done}/{fleet}",
             "current_backend": ",".join(backends) or "unknown",
+            "unattached": dict(sorted(unattached.items(), key=lambda kv: natural_key(kv[0]))),
         })
         pending = bool(self.records or self.actions or (not self.failed and (mismatched or unknown)))
         return Plan(
@@ -423,6 +435,10 @@ class _Planner:
                 Condition(IN_PROGRESS_CONDITION, "False", "Failed", f"stopped by pod {failure.pod} ({failure.cause})"),
                 Condition(FAILED_CONDITION, "True", failure.cause, f"pod {failure.pod}: {failure.message}"),
             ]
+        if state.phase is Phase.COMPLETE and state.unattached:
+            return [Condition(IN_PROGRESS_CONDITION, "False", "StorageUnavailable", clip_message(
+                f"not swapped: {', '.join(state.unattached)} could not attach {self.target.backend} when started "
+                "and serve from L1+L2")), no_failure]
         if state.phase is Phase.COMPLETE:
             return [Condition(IN_PROGRESS_CONDITION, "False", "Complete",
                               f"all pods run {self.target.describe()}"), no_failure]

@@ -72,6 +72,9 @@ class SwapState(_StatusModel):
     # The fleet's first target: pods start on it from their command line, so there is no swap to
     # report complete, unless one turns out to be needed (then this is cleared).
     initial: bool = False
+    # Pods started on the target that could not attach it (pod -> the runtime's reason): they
+    # serve from L1+L2 and are not swapped (see ``PodObservation.start_failure``).
+    unattached: dict[str, str] = Field(default_factory=dict)
 
     def to_status(self) -> dict[str, Any]:
         """JSON-ready camelCase dict for ``status.backendSwap``."""

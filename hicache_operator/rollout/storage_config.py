@@ -163,7 +163,10 @@ class ReportedBackend(BaseModel):
     ``extra_config_unreadable`` marks a reported extra config that is not a
     JSON object (e.g. ``@/path/file.json`` when the flag pointed at a file):
     such a pod cannot be shown to match any target, so it is swapped once,
-    after which it reports the JSON it was given."""
+    after which it reports the JSON it was given. ``start_failure``: with no
+    backend attached, why the one on the runtime's command line could not be
+    attached when it started (the bundled runtime's ``hicache_storage_degraded``;
+    it then serves from L1+L2)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -172,6 +175,7 @@ class ReportedBackend(BaseModel):
     extra_config_unreadable: bool = False
     prefetch_policy: str | None = None
     write_policy: str | None = None
+    start_failure: str | None = None
 
     @classmethod
     def from_response(cls, body: Any) -> ReportedBackend:
@@ -200,7 +204,10 @@ class ReportedBackend(BaseModel):
         for field, key in (("prefetch_policy", "hicache_storage_prefetch_policy"), ("write_policy", "hicache_write_policy")):
             value = body.get(key)
             policies[field] = value if isinstance(value, str) and value else None
-        return cls(backend=backend or None, extra_config=extra, extra_config_unreadable=unreadable, **policies)
+        degraded = body.get("hicache_storage_degraded")
+        start_failure = clip_message(degraded) if not backend and isinstance(degraded, str) and degraded else None
+        return cls(backend=backend or None, extra_config=extra, extra_config_unreadable=unreadable,
+                   start_failure=start_failure, **policies)
 
     def comparable_extra(self) -> dict[str, Any] | None:
         if self.extra_config_unreadable:

@@ -87,3 +87,31 @@ class OperatorProcess:
 
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+def start_operator(cluster, workdir: Path, *, reconcile_interval: float = 2) -> OperatorProcess:
+    """The CRD applied (server-side) and established, then the operator started against it."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    cluster.wait_established("hicachedeployments.hicache.dev")
+    return OperatorProcess(cluster, workdir, reconcile_interval=reconcile_interval).start()
+
+
+def skip_without_pod_network_or_mooncake(cluster) -> None:
+    """Process-backed pods need the run's own network namespace; L3 tests need Mooncake."""
+    import pytest
+
+    from tests.support.mooncake import master_binary
+
+    if not cluster.network.endpoints_work:
+        pytest.skip("needs a private network namespace (run as root)")
+    if master_binary() is None:
+        pytest.skip("mooncake is not installed (scripts/install-mooncake.sh)")
+
+
+def namespace_for(prefix: str, test_name: str) -> str:
+    """A namespace name per test (a DNS label), distinct for every parametrized case."""
+    import hashlib
+    import re
+
+    slug = re.sub(r"[^a-z0-9-]", "-", test_name.lower())
+    return f"{prefix}-{slug[5:30].strip('-')}-{hashlib.sha1(slug.encode()).hexdigest()[:6]}"

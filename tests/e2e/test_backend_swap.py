@@ -16,8 +16,8 @@ import pytest
 
 from hicache_operator import engine_versions
 from tests.e2e.gateway import Gateway
-from tests.e2e.helpers import OperatorProcess, condition, kget, wait_for
-from tests.support.mooncake import free_port, master_binary, start_master
+from tests.e2e.helpers import condition, kget, skip_without_pod_network_or_mooncake, start_operator, wait_for
+from tests.support.mooncake import free_port, start_master
 
 pytestmark = pytest.mark.e2e
 REPLICAS = 4
@@ -26,16 +26,9 @@ NAME = "swap"
 
 @pytest.fixture(scope="module")
 def env(cluster, tmp_path_factory):
-    if not cluster.network.endpoints_work:
-        pytest.skip("needs a private network namespace (run as root)")
-    if master_binary() is None:
-        pytest.skip("mooncake is not installed (scripts/install-mooncake.sh)")
-    from pathlib import Path
-    repo = Path(__file__).resolve().parents[2]
-    cluster.kubectl("apply", "--server-side", "-f", str(repo / "crds"))
-    cluster.wait_established("hicachedeployments.hicache.dev")
+    skip_without_pod_network_or_mooncake(cluster)
     workdir = tmp_path_factory.mktemp("swap")
-    op = OperatorProcess(cluster, workdir, reconcile_interval=5).start()
+    op = start_operator(cluster, workdir, reconcile_interval=5)
     master = start_master()
     ns = "swap-e2e"
     cluster.kubectl("create", "namespace", ns)
@@ -173,9 +166,10 @@ def test_live_swaps_under_load_with_zero_failed_requests(env):
     events = kget(c, "events", "-n", env["ns"], "--field-selector", f"involvedObject.name={NAME}")["items"]
     reasons = {e["reason"] for e in events}
     assert {"PodDraining", "PodSwapped", "BackendSwapComplete"} <= reasons, reasons
-    # Pods out of serving for their swap are not a degraded fleet (the spec's own validation warns)
+    # Pods out of serving for their swap are not a degraded fleet (the spec's own validation warns:
+    # process-backed pods write the file L3 to a host directory, not a mounted shared volume)
     warnings = [(e["reason"], e["message"]) for e in events if e["type"] == "Warning"]
-    assert {reason for reason, _ in warnings} <= {"ExtraConfigUnknownKey"}, warnings
+    assert {reason for reason, _ in warnings} <= {"ExtraConfigUnknownKey", "FileStorageNotShared"}, warnings
 
 
 def test_operator_sigkilled_mid_swap_resumes_without_stranding_pods(env):
@@ -263,4 +257,20 @@ def test_sglang_engine_swap_through_sglang_api_only(env):
         report = gw.stop()
     assert not report.failures, report.failures[:3]
     assert len(report.outcomes) > 20
+    c.kubectl("delete", "hcd", name, "-n", env["ns"])
+
+
+@pytest.mark.parametrize("max_unavailable,count", [("1%", 1), ("100%", 2), (5, 5)])
+def test_swap_completes_with_edge_max_unavailable(env, max_unavailable, count):
+    """Every accepted maxUnavailable lets a swap finish (a percentage never rounds to 0); the
+    PodDisruptionBudget carries the count restarts and swaps use. 0 and '0%' are refused at apply
+    (manifests/samples/invalid/max-unavailable.yaml)."""
+    c, name = env["cluster"], f"mu-{str(max_unavailable).rstrip('%')}"
+    doc = deployment(env, name=name, replicas=2)
+    doc["spec"]["rollout"]["maxUnavailable"] = max_unavailable
+    c.kubectl_apply([doc])
+    wait_for(lambda: fleet_ready(env, name), timeout=240, what="fleet ready")
+    assert kget(c, "pdb", name, "-n", env["ns"])["spec"]["maxUnavailable"] == count
+    patch_storage(env, storage(env, "file"), name=name)
+    wait_for(lambda: swap_done(env, "file", name=name), timeout=240, interval=1, what="swap to file")
     c.kubectl("delete", "hcd", name, "-n", env["ns"])

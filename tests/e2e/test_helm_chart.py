@@ -7,8 +7,9 @@ permission it uses must come from the chart's RBAC. With HICACHE_E2E_KUBECONFIG 
 (e.g. a kind cluster from scripts/kind-up.sh, whose images are already loaded) the
 same tests run against that cluster with `kubectl` and `helm` from PATH.
 
-The tests run in file order and share one release: install, reconcile, RBAC
-(cluster-wide), upgrade to namespaced mode, RBAC (namespaced), uninstall.
+The tests share one release, which fixtures move to the state each test needs (installed
+watching every namespace, installed watching only APP_NS, the sample applied), so each test
+passes alone and in any order; in file order the release is installed once and upgraded once.
 """
 from __future__ import annotations
 
@@ -113,6 +114,77 @@ def target(request: pytest.FixtureRequest):
         t.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
 
 
+CLUSTER_WIDE, NAMESPACED = "cluster-wide", "namespaced"
+MODE_VALUES = {CLUSTER_WIDE: ["--set", "logLevel=info", "--set-json", "watchNamespaces=[]", "--set", "reconcileInterval=30"],
+               NAMESPACED: ["--set", "logLevel=debug", "--set", f"watchNamespaces={{{APP_NS}}}",
+                            "--set", "reconcileInterval=2"]}
+
+
+class Release:
+    """The chart's release RELEASE in OP_NS, as the tests left it: ``mode`` (None: not
+    installed); ``install_output``: what the last `helm install` printed."""
+
+    def __init__(self, t: Target):
+        self.t = t
+        self.mode: str | None = None
+        self.install_output = ""
+
+    def installed(self) -> "Release":
+        """Installed in either mode (installing watches every namespace)."""
+        if self.mode is None:
+            t0 = time.monotonic()
+            res = self.t.helm("install", RELEASE, str(CHART), "-n", OP_NS, "--create-namespace", "--wait",
+                              "--timeout", "3m", *install_values(self.t), *MODE_VALUES[CLUSTER_WIDE])
+            print(f"\nhelm install --wait: {time.monotonic() - t0:.1f}s")
+            self.install_output, self.mode = res.stdout, CLUSTER_WIDE
+        return self
+
+    def in_mode(self, mode: str) -> "Release":
+        """Installed and watching every namespace or only APP_NS; a change of mode is an upgrade
+        that waits for the new operator pod to be Ready alone."""
+        self.installed()
+        if self.mode != mode:
+            old = {p["metadata"]["name"] for p in operator_pods(self.t)}
+            self.t.helm("upgrade", RELEASE, str(CHART), "-n", OP_NS, "--reuse-values", "--wait", "--timeout", "3m",
+                        *MODE_VALUES[mode])
+            self.mode = mode
+            wait_for(lambda: (ps := operator_pods(self.t)) and len(ps) == 1 and ready(ps[0])
+                     and ps[0]["metadata"]["name"] not in old, what=f"the {mode} operator pod Ready")
+        return self
+
+    def uninstall(self) -> None:
+        self.t.helm("uninstall", RELEASE, "-n", OP_NS, "--wait", "--timeout", "2m")
+        self.mode = None
+
+
+@pytest.fixture(scope="module")
+def release(target):
+    yield Release(target)  # the target fixture uninstalls whatever is left
+
+
+@pytest.fixture
+def cluster_wide(release):
+    return release.in_mode(CLUSTER_WIDE)
+
+
+@pytest.fixture
+def namespaced(release):
+    return release.in_mode(NAMESPACED)
+
+
+@pytest.fixture
+def sample(target, release):
+    """The sample applied in APP_NS and reconciled by the installed operator (status.conditions)."""
+    release.installed()
+    target.kubectl("apply", "-n", APP_NS, "-f", str(SAMPLE))
+    try:
+        return wait_for(lambda: (o := target.get("hcd", SAMPLE_NAME, "-n", APP_NS)).get("status", {}).get(
+            "conditions") and o, what="status.conditions on the sample")
+    except AssertionError as exc:
+        tail = "\n".join(target.pod_log(operator_pods(target)[0]).splitlines()[-40:])
+        raise AssertionError(f"{exc}\n--- operator log (last 40 lines) ---\n{tail}") from None
+
+
 def operator_pods(t: Target) -> list[dict]:
     return [p for p in t.get("pods", "-n", OP_NS, "-l", SELECTOR)["items"]
             if not p["metadata"].get("deletionTimestamp")]
@@ -146,14 +218,11 @@ def test_install_manifest_passes_server_side_validation(target):
     assert len(applied) == len(docs), res.stdout
 
 
-def test_install_runs_the_operator(target):
-    t0 = time.monotonic()
-    res = target.helm("install", RELEASE, str(CHART), "-n", OP_NS, "--create-namespace", "--wait", "--timeout", "3m",
-                      *install_values(target))
-    print(f"\nhelm install --wait: {time.monotonic() - t0:.1f}s")
+def test_install_runs_the_operator(target, cluster_wide):
     # NOTES.txt: what to do next, for this release.
-    assert f"installed in namespace {OP_NS}" in res.stdout and "every namespace" in res.stdout, res.stdout
-    assert f"rollout status deployment/{FULLNAME}" in res.stdout and "kubectl get hcd" in res.stdout
+    out = cluster_wide.install_output
+    assert f"installed in namespace {OP_NS}" in out and "every namespace" in out, out
+    assert f"rollout status deployment/{FULLNAME}" in out and "kubectl get hcd" in out
 
     pods = operator_pods(target)
     assert len(pods) == 1 and ready(pods[0]), pods
@@ -175,14 +244,8 @@ def test_install_runs_the_operator(target):
         assert r.status_code == 200
 
 
-def test_operator_reconciles_the_sample(target):
-    target.kubectl("apply", "-n", APP_NS, "-f", str(SAMPLE))
-    try:
-        hcd = wait_for(lambda: (o := target.get("hcd", SAMPLE_NAME, "-n", APP_NS)).get("status", {}).get("conditions")
-                       and o, what="status.conditions on the sample")
-    except AssertionError as exc:
-        tail = "\n".join(target.pod_log(operator_pods(target)[0]).splitlines()[-40:])
-        raise AssertionError(f"{exc}\n--- operator log (last 40 lines) ---\n{tail}") from None
+def test_operator_reconciles_the_sample(target, cluster_wide, sample):
+    hcd = sample
     conditions = {c["type"]: c for c in hcd["status"]["conditions"]}
     assert conditions["ConfigValid"]["status"] == "True", conditions
     uid = hcd["metadata"]["uid"]
@@ -253,7 +316,7 @@ def check_can_i(t: Target, cases, ns: str | None, expect: bool) -> None:
     assert not wrong, f"expected {'allowed' if expect else 'denied'} in {ns or 'cluster scope'}: {wrong}"
 
 
-def test_rbac_cluster_wide(target):
+def test_rbac_cluster_wide(target, cluster_wide):
     check_can_i(target, NAMESPACED_ALLOWED, APP_NS, True)
     check_can_i(target, NAMESPACED_ALLOWED, OTHER_NS, True)  # all namespaces
     check_can_i(target, NAMESPACED_DENIED, APP_NS, False)
@@ -261,12 +324,11 @@ def test_rbac_cluster_wide(target):
     check_can_i(target, CLUSTER_DENIED + [("list", "namespaces", None)], None, False)
 
 
-def test_upgrade_to_namespaced_mode_with_debug_logs(target):
+def test_upgrade_to_namespaced_mode_with_debug_logs(target, cluster_wide, sample):
     old = {p["metadata"]["name"] for p in operator_pods(target)}
-    target.helm("upgrade", RELEASE, str(CHART), "-n", OP_NS, "--reuse-values", "--wait", "--timeout", "3m",
-                "--set", "logLevel=debug", "--set", f"watchNamespaces={{{APP_NS}}}", "--set", "reconcileInterval=2")
-    pod = wait_for(lambda: (ps := operator_pods(target)) and len(ps) == 1 and ready(ps[0])
-                   and ps[0]["metadata"]["name"] not in old and ps[0], what="the upgraded operator pod Ready")
+    cluster_wide.in_mode(NAMESPACED)  # helm upgrade --reuse-values --wait, then the new pod alone and Ready
+    pod = operator_pods(target)[0]
+    assert pod["metadata"]["name"] not in old
     args = pod["spec"]["containers"][0]["args"]
     assert "--verbose" in args and f"--namespace={APP_NS}" in args and "--all-namespaces" not in args, args
     assert "--reconcile-interval=2" in args
@@ -281,7 +343,7 @@ def test_upgrade_to_namespaced_mode_with_debug_logs(target):
     assert not forbidden, forbidden[:5]
 
 
-def test_rbac_namespaced_mode(target):
+def test_rbac_namespaced_mode(target, namespaced):
     rules = target.get("clusterrole", f"{OP_NS}-{FULLNAME}")["rules"]
     assert sorted(r for rule in rules for r in rule["resources"]) == [
         "customresourcedefinitions", "namespaces", "nodes"], rules
@@ -294,10 +356,12 @@ def test_rbac_namespaced_mode(target):
     check_can_i(target, CLUSTER_DENIED, None, False)
 
 
-def test_uninstall_removes_the_operator(target):
-    # Delete the fleet while the operator still runs, so nothing waits on it afterwards.
-    target.kubectl("delete", "hcd", SAMPLE_NAME, "-n", APP_NS, "--wait=true", "--timeout=90s")
-    target.helm("uninstall", RELEASE, "-n", OP_NS, "--wait", "--timeout", "2m")
+def test_uninstall_removes_the_operator(target, release, sample):
+    # Delete the fleet and its children (foreground: the object goes last) while the operator
+    # still runs, so nothing waits on it afterwards and a later sample starts from nothing.
+    target.kubectl("delete", "hcd", SAMPLE_NAME, "-n", APP_NS, "--cascade=foreground", "--wait=true",
+                   "--timeout=90s")
+    release.uninstall()
     wait_for(lambda: not operator_pods(target), what="operator pod gone")
     assert not target.exists("deployment", FULLNAME, "-n", OP_NS)
     assert not target.exists("serviceaccount", FULLNAME, "-n", OP_NS)

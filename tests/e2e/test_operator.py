@@ -4,7 +4,6 @@ or a refusal that says what to change."""
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 import yaml
 
 from hicache_operator import engine_versions
-from tests.e2e.helpers import OperatorProcess, condition, kget, wait_for
+from tests.e2e.helpers import condition, kget, wait_for
 from tests.support import sglang_oracle
 
 pytestmark = pytest.mark.e2e
@@ -29,24 +28,6 @@ def expected_error(path: Path) -> str:
     m = re.search(r"^# expected-error: (.+)$", path.read_text(), re.M)
     assert m, f"{path.name} documents no expected error"
     return m.group(1).strip()
-
-
-@pytest.fixture(scope="module")
-def operator(cluster, tmp_path_factory):
-    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.wait_established("hicachedeployments.hicache.dev")
-    op = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"), reconcile_interval=2).start()
-    yield op
-    op.stop()
-
-
-@pytest.fixture
-def ns(cluster, request):
-    slug = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())
-    name = f"op-{slug[5:30].strip('-')}-{hashlib.sha1(slug.encode()).hexdigest()[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def apply(cluster, doc: dict, ns: str, check: bool = True):

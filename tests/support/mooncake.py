@@ -5,7 +5,7 @@ Usage in a test module::
     from tests.support.mooncake import mooncake_env, mooncake_master  # noqa: F401  (pytest fixtures)
 
 ``mooncake_master`` is module-scoped (one master per test module); tests that kill or restart a
-master build their own with :func:`start_master`. Gotchas handled here (docs/l3-backends.md):
+master build their own with :func:`start_master`. Gotchas handled here:
 all three master ports are passed explicitly (the HTTP metadata and metrics servers otherwise bind
 8080/9003 on all interfaces), readiness is the RPC port accepting *and* our process still being
 alive (so another process that happens to hold the port is not mistaken for ours), the client env

@@ -51,7 +51,8 @@ def test_cel_rules_sit_on_their_scopes_with_the_operator_messages():
     spec = schema["properties"]["spec"]
     where = {"root": schema, "spec": spec, "parallelism": spec["properties"]["parallelism"],
              "hicache": spec["properties"]["hicache"],
-             "hostPool": spec["properties"]["hicache"]["properties"]["hostPool"]}
+             "hostPool": spec["properties"]["hicache"]["properties"]["hostPool"],
+             "rollout": spec["properties"]["rollout"]}
     cel = [r for r in rules.RULES if r.cel]
     assert {r.name for r in cel} >= {"host-ratio", "host-pool-mode", "write-back-not-allowed", "pp-with-storage"}
     for r in cel:

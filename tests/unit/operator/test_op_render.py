@@ -156,8 +156,11 @@ def test_generated_key_secrets_and_pdb():
     bundled, _ = children({})
     assert [s["metadata"]["name"] for s in render.generated_secrets(bundled.outcome.spec, owner, lambda: "k")] == [
         "demo-admin"]
-    _, kids = children({"rollout": {"maxUnavailable": "25%"}})
-    assert kids["PodDisruptionBudget"]["spec"]["maxUnavailable"] == "25%"
+    # the count restarts and swaps use: 25% of 7 rounds down to 1 (a PDB's own percentage would round up to 2)
+    _, kids = children({"replicas": 7, "rollout": {"maxUnavailable": "25%"}})
+    assert kids["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    _, kids = children({"replicas": 8, "rollout": {"maxUnavailable": "25%"}})
+    assert kids["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 2
 
 
 def test_rendering_is_deterministic():

@@ -76,6 +76,28 @@ def test_retry_backs_off_exponentially_per_key_and_success_resets_it():
     assert q.retry("a", Request("pod")) == BACKOFF_BASE_SECONDS
 
 
+def test_while_a_key_backs_off_its_other_triggers_wait_for_the_retry_except_a_new_spec():
+    """A failing reconcile is not re-run by every pod event, swap poll and resync meanwhile."""
+    clock = Clock()
+    q = WorkQueue(clock=clock)
+    q.add("a", Request("pod"))
+    q.get(timeout=0)
+    q.add("a", Request("pod"))  # while the reconcile runs
+    delay = q.retry("a", Request("pod"))  # the reconcile raised
+    q.done("a")
+    for trigger in ("pod", "swap", "resync", "endpointslice"):
+        q.add("a", Request(trigger, apply=trigger == "resync", urgent=trigger == "swap"))
+    assert q.get(timeout=0) is None
+    clock.t = delay
+    key, req = q.get(timeout=0)
+    assert key == "a" and req.apply and req.urgent  # the retry carries what was held
+    q.done("a")
+    assert q.get(timeout=0) is None  # held triggers run once, in the retry, not after it
+    q.retry("a", Request("pod"))
+    q.add("a", Request("spec", apply=True, urgent=True))  # a new generation may be the fix
+    assert q.get(timeout=0)[1].trigger == "spec"
+
+
 def test_a_blocked_get_wakes_on_add_and_on_close():
     q = WorkQueue()
     got = []

@@ -161,6 +161,44 @@ def test_a_first_target_that_needs_a_swap_reports_it_complete():
     assert "BackendSwapComplete" in reasons(plans[-1])
 
 
+STORE_DOWN = "StorageUnavailable: mooncake master master:50051 not reachable within 5.0s"
+
+
+def unattached(name, *, on_target=True, **more):
+    """A pod whose runtime could not attach the backend on its command line at start and serves
+    from L1+L2 (it reports none, with why); ``on_target``: that command line carried the target."""
+    down = ReportedBackend.from_response({"hicache_storage_backend": None, "hicache_storage_degraded": STORE_DOWN})
+    return {**pod(name, None, **more), "backend": down, "started_on_target": on_target}
+
+
+def test_a_new_fleet_whose_store_is_down_at_start_is_not_swapped_and_is_listed_unattached():
+    op = Operator(MOONCAKE)
+    plan = op.step([unattached("c-0", gate=None, ready=None), unattached("c-1", gate=None, ready=None)])
+    assert acts(plan) == [("gate", "c-0", True), ("gate", "c-1", True)] and reasons(plan) == []
+    plan = op.step([unattached("c-0"), unattached("c-1")])
+    assert plan.actions == [] and reasons(plan) == []  # no pod taken out of serving, no swap Events
+    assert plan.state.phase.value == "Complete" and plan.state.unattached == {"c-0": STORE_DOWN, "c-1": STORE_DOWN}
+    assert condition(plan, "BackendSwapInProgress")[:2] == ("False", "StorageUnavailable")
+    assert condition(plan, "BackendSwapFailed")[0] == "False" and plan.requeue_after is None
+    plan = op.step([pod("c-0", MOONCAKE), unattached("c-1")])  # c-0 restarted once the store was back
+    assert list(plan.state.unattached) == ["c-1"] and plan.actions == []
+
+
+def test_a_pod_whose_start_failure_is_of_an_older_target_is_swapped_as_usual():
+    op = Operator(FILE)
+    op.step([pod("c-0", FILE), pod("c-1", FILE)])
+    plan = op.step([unattached("c-0", on_target=False), pod("c-1", FILE)])
+    assert acts(plan) == [("gate", "c-0", False)] and plan.state.unattached == {}
+
+
+def test_a_start_failure_is_read_only_where_no_backend_is_attached():
+    said = {"hicache_storage_degraded": STORE_DOWN}
+    assert ReportedBackend.from_response({"hicache_storage_backend": None, **said}).start_failure == STORE_DOWN
+    attached = ReportedBackend.from_response({"hicache_storage_backend": "mooncake", **said})  # L3 down later
+    assert attached.start_failure is None
+    assert ReportedBackend.from_response({"hicache_storage_backend": None}).start_failure is None
+
+
 def test_new_pod_with_a_stale_config_is_swapped_before_it_ever_serves_even_with_the_budget_full():
     op = Operator(MOONCAKE, max_unavailable=1)
     plan = op.step([pod("c-0", MOONCAKE, ready=False), pod("c-1", FILE, gate=None, ready=None)])

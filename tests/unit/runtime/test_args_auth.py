@@ -93,3 +93,9 @@ def test_auth_levels():
     assert check(_req({}), Level.OPEN, "api", "adm") is None
     assert not key_matches(None, "k") and not key_matches("k2", "k") and key_matches("k", "k")
 
+
+def test_the_operator_knows_the_default_device_pool():
+    """The operator sizes a bundled pod's host pool (and memory request) from this default."""
+    from hicache_operator import engine
+
+    assert ServerArgs().max_total_tokens == engine.BUNDLED_DEVICE_TOKENS

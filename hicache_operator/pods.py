@@ -1,0 +1,99 @@
+"""What the status reads from one pod: Ready, running, terminating, why it is unavailable.
+
+Pure functions of a pod as the watch shows it (``handlers.pod_essence``), shared by the status
+(``status.derive``) and the restart planner.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from hicache_operator import labels
+
+
+def pod_is_ready(pod: dict) -> bool:
+    return _pod_condition(pod, "Ready") == "True"
+
+
+def pod_runs(pod: dict) -> bool:
+    """The pod's runtime is up (Running, every container started: its startup probe passed), so
+    it runs a storage config; a Pending or still-starting pod runs none yet."""
+    status = pod.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    return status.get("phase") == "Running" and bool(containers) and all(cs.get("started") is True for cs in containers)
+
+
+STILL_CREATING = {"ContainerCreating", "PodInitializing"}  # waiting reasons that are no fault
+
+
+def unavailable_reason(pod: dict) -> str | None:
+    """Why a pod that is not Ready counts against the fleet, or None while it is starting for
+    the first time (pending, startup probe not passed yet: the kubelet's ``started``, not yet
+    admitted to serving, or started and not ready once since) or being readmitted (containers
+    ready, gate True, Ready not yet recomputed: the end of every swap). Loading a model takes
+    minutes, and that is progress, not a degraded fleet; a pod that cannot start, crashed, cannot
+    be scheduled, was ready and failed, or is held out of serving is a problem."""
+    status = pod.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    for cs in containers:
+        waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+        if waiting and waiting not in STILL_CREATING:
+            # ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff (with the last line
+            # the crashed container wrote: the runtime's one-line reason for a bad checkpoint)
+            why = _last_line(((cs.get("lastState") or {}).get("terminated") or {}).get("message"))
+            return f"{waiting}: {why}" if why else waiting
+    restarts = sum(cs.get("restartCount") or 0 for cs in containers)
+    if restarts:  # back from a crash, or ready since and failing now
+        if any(cs.get("started") is False for cs in containers) or _unready_since_start(pod, containers):
+            return f"restarted {restarts} time(s)"
+        return f"not ready (earlier restarts: {restarts})"
+    if _pod_condition(pod, "PodScheduled") == "False":
+        return "Unschedulable"
+    if status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers):
+        return None
+    gate = _pod_condition(pod, labels.SERVING_CONDITION)
+    if gate is None:
+        return None  # not admitted to serving yet: the operator sets the gate on first sight
+    if _pod_condition(pod, "ContainersReady") == "True":
+        # its containers are ready and Ready waits on the serving gate: just readmitted (the
+        # kubelet has yet to recompute Ready), or held out of serving
+        return None if gate == "True" else "held out of serving (hicache.dev/serving False)"
+    return None if _unready_since_start(pod, containers) else "not ready"
+
+
+def _last_line(text: Any, limit: int = 300) -> str:
+    lines = [ln.strip() for ln in str(text or "").splitlines() if ln.strip()]
+    return lines[-1][:limit] if lines else ""
+
+
+def _unready_since_start(pod: dict, containers: list[dict]) -> bool:
+    """Started, and not ready once since: its first readiness probes are still to come. The
+    kubelet moves ContainersReady's lastTransitionTime only when it flips, so a False dating from
+    before the containers started has not been True since (one that failed later is newer)."""
+    cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "ContainersReady"),
+                None)
+    started = [((cs.get("state") or {}).get("running") or {}).get("startedAt") for cs in containers]
+    if cond is None or cond.get("status") != "False" or not cond.get("lastTransitionTime") \
+            or not started or None in started:
+        return False
+    return _when(cond["lastTransitionTime"]) <= min(_when(t) for t in started)
+
+
+def _when(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def pod_is_terminating(pod: dict) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _pod_condition(pod: dict, ctype: str) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return cond.get("status")
+    return None
+
+
+def annotation(pod: dict, key: str) -> str | None:
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(key)
