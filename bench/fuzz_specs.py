@@ -291,7 +291,7 @@ class Checker:
             if any(r.cel and f.rule == r.name for f in p.outcome.errors for r in RULES):
                 out["disagreement"] = "crd-looser-than-cel-rule"
             return out
-        children = [*p.children, render.admin_secret(p.owner, "fuzz-key")]
+        children = [*p.children, *render.generated_secrets(p.outcome.spec, p.owner, lambda: "fuzz-key")]
         for child in children:
             try:
                 self._dry_run_child(child)

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 import kernels
 from cache_runtime import __version__
@@ -188,6 +189,11 @@ class Server:
         @app.exception_handler(_TooLarge)
         async def _large(_r, _exc):
             return error(413, f"request body exceeds {self.args.max_request_bytes} bytes", "RequestTooLarge")
+
+        @app.exception_handler(ClientDisconnect)
+        async def _gone(_r, _exc):
+            # the client left while its body was arriving: there is no one to answer
+            return Response(status_code=499)
 
         @app.exception_handler(RequestValidationError)
         async def _invalid(_r, exc):

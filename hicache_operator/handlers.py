@@ -43,6 +43,7 @@ from concurrent.futures import wait
 from typing import Any
 
 import kopf
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from hicache_operator import endpoint_lag, labels, metrics, render, swap
@@ -545,6 +546,8 @@ def _report_refused(ctl: Controller, key: Key, raw: dict, refused: ChildRefused)
 
 
 FAILED_REASON = "ReconcileFailed"
+# Errors from the API server or the way to it: the message says all, a traceback would not help.
+TRANSIENT = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
 def failure_message(exc: BaseException, limit: int = 600) -> str:
@@ -585,7 +588,7 @@ def report_failure(ctl: Controller, key: Key, exc: Exception, delay: float) -> N
     ctl.failing[key] = generation
     old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Degraded"), {})
     news = (old.get("reason"), old.get("message")) != (FAILED_REASON, message)
-    if news and not isinstance(exc, ApiException):
+    if news and not isinstance(exc, TRANSIENT):
         log.error("reconcile of %s/%s failed; retrying in %.0fs", *key, delay, exc_info=exc)
     else:
         log.warning("reconcile of %s/%s failed%s: %s; retrying in %.0fs", *key, "" if news else " again", message,

@@ -16,6 +16,7 @@ import logging
 import threading
 from typing import Any, Callable
 
+import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -67,7 +68,11 @@ class NodeCache:
                 log.warning("node watch: Kubernetes API error %s %s; relisting", exc.status, exc.reason)
                 resource_version = None
                 self._stop.wait(2)
-            except Exception:  # connection drops: list afresh, never die
+            except (urllib3.exceptions.HTTPError, OSError) as exc:  # the API server went away: one line
+                log.warning("node watch: connection lost (%s); relisting", type(exc).__name__)
+                resource_version = None
+                self._stop.wait(2)
+            except Exception:  # a bug: say where, list afresh, never die
                 log.exception("node watch failed; relisting")
                 resource_version = None
                 self._stop.wait(2)

@@ -78,12 +78,18 @@ class OperatorProcess:
             self.proc.wait()
 
     def stop(self) -> None:
+        """SIGTERM, then the log's verdict: an error the operator handles (a refused spec, a lost API
+        server, a failed reconcile) is one line; a traceback in the log means a bug surfaced."""
         if self.alive():
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        if "Traceback" in text:
+            at = text.index("Traceback")
+            raise AssertionError(f"traceback in the operator log {self.log}:\n{text[max(0, at - 300):at + 3000]}")
 
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
