@@ -198,7 +198,6 @@ def spec_docs(draw) -> dict:
         "extraVolumeMounts": maybe(MOUNTS),
         "adminKeySecretRef": maybe(st.fixed_dictionaries({"name": st.sampled_from(["my-admin", "", "Bad Name"])},
                                                          optional={"key": st.sampled_from(["k", "", "bad/key"])})),
-        "testing": maybe(st.fixed_dictionaries({"processBacked": st.booleans()})),
         **({"unknownField": JUNK} if junk else {}),
     }))
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": draw(NAMES)}, "spec": spec}

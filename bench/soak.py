@@ -79,9 +79,9 @@ def main() -> None:
             ns, name = "soak", "soak"
             c.kubectl("create", "namespace", ns)
             c.kubectl_apply([{"apiVersion": "hicache.dev/v1alpha1", "kind": "HiCacheDeployment",
-                              "metadata": {"name": name, "namespace": ns},
+                              "metadata": {"name": name, "namespace": ns, "annotations": {"hicache.dev/process-backed": "true"}},
                               "spec": {"image": "hicache-runtime:soak", "replicas": a.pods, "pageSize": 4,
-                                       "maxTotalTokens": 4096, "testing": {"processBacked": True},
+                                       "maxTotalTokens": 4096,
                                        "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 60},
                                        "hicache": {"memLayout": "page_first", "storage": {"backend": "none"}}}}])
             wait_for(lambda: kget(c, "hcd", name, "-n", ns).get("status", {}).get("readyReplicas") == a.pods,

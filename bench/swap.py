@@ -246,9 +246,8 @@ def run_one(cluster, workdir: Path, op, pods: int, max_unavailable: int, timelin
     cluster.kubectl("create", "namespace", ns)
     cluster.kubectl_apply([{
         "apiVersion": "hicache.dev/v1alpha1", "kind": "HiCacheDeployment",
-        "metadata": {"name": name, "namespace": ns},
+        "metadata": {"name": name, "namespace": ns, "annotations": {"hicache.dev/process-backed": "true"}},
         "spec": {"image": "hicache-runtime:bench", "replicas": pods, "maxTotalTokens": 2048, "pageSize": 4,
-                 "testing": {"processBacked": True},
                  "rollout": {"maxUnavailable": max_unavailable, "drainTimeoutSeconds": 120},
                  "hicache": {"memLayout": "page_first", "storage": {"backend": "none"}}}}])
     wait_for(lambda: kget(cluster, "hcd", name, "-n", ns).get("status", {}).get("readyReplicas") == pods,

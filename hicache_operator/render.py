@@ -221,7 +221,7 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, own
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
     annotations = {}
-    if process_backed or (spec.testing and spec.testing.process_backed):
+    if process_backed:
         annotations[labels.PROCESS_BACKED] = "true"
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,

@@ -162,10 +162,6 @@ class ApiKeySecretRef(SecretKeyRef):
     key: str = Field("api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
-class Testing(_Model):
-    process_backed: bool = Field(False, description="Test clusters only: annotate pods so the local harness runs their command as a process.")
-
-
 class HiCacheDeploymentSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_cel("spec"))
     engine: Literal[flags.ENGINES] = Field("bundled", description="bundled cache runtime or sglang.launch_server.")  # type: ignore[valid-type]
@@ -198,7 +194,6 @@ class HiCacheDeploymentSpec(_Model):
         None, description="Secret holding the clients' API key (--api-key). engine sglang always has one (unset: "
                           "the operator generates <name>-api), since without it SGLang serves /server_info, admin "
                           "key included, to anyone; engine bundled uses it when set.")
-    testing: Testing | None = None
 
     @property
     def ranks_per_pod(self) -> int:

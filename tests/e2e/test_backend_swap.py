@@ -51,9 +51,8 @@ def storage(env, kind: str, **kw) -> dict:
 
 def deployment(env, name: str = NAME, replicas: int = REPLICAS, st: dict | None = None) -> dict:
     return {"apiVersion": "hicache.dev/v1alpha1", "kind": "HiCacheDeployment",
-            "metadata": {"name": name, "namespace": env["ns"]},
+            "metadata": {"name": name, "namespace": env["ns"], "annotations": {"hicache.dev/process-backed": "true"}},
             "spec": {"image": "hicache-runtime:test", "replicas": replicas, "pageSize": 4, "maxTotalTokens": 4096,
-                     "testing": {"processBacked": True},
                      "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 60},
                      # page_first from the start: mooncake needs it, and layer_first would be
                      # normalised to it, a pod-template change that restarts pods (not a live swap)

@@ -100,7 +100,7 @@ def parse_bytes(q: str) -> int:
 
 def test_bundled_sample_runs_real_runtime_pods(cluster, operator, ns):
     doc = load(SAMPLES / "bundled-minimal.yaml")
-    doc["spec"]["testing"] = {"processBacked": True}
+    doc["metadata"].setdefault("annotations", {})["hicache.dev/process-backed"] = "true"
     apply(cluster, doc, ns)
     obj, pods = check_fleet(cluster, ns, "tiny", 1)
     c = pods[0]["spec"]["containers"][0]
@@ -300,7 +300,7 @@ def test_admin_key_from_the_users_own_secret(cluster, operator, ns, tmp_path):
                     "--from-literal=token=team-key-0123456789abcdef")
     doc = load(SAMPLES / "bundled-minimal.yaml")
     doc["metadata"]["name"] = "own-key"
-    doc["spec"]["testing"] = {"processBacked": True}
+    doc["metadata"].setdefault("annotations", {})["hicache.dev/process-backed"] = "true"
     doc["spec"]["adminKeySecretRef"] = {"name": "team-admin", "key": "token"}
     apply(cluster, doc, ns)
     obj = wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("readyReplicas") == 1 else None)(

@@ -25,7 +25,7 @@ def live(cluster, tmp_path_factory):
     op = OperatorProcess(cluster, tmp_path_factory.mktemp("operator-sec"), reconcile_interval=5).start()
     doc = yaml.safe_load((REPO / "manifests" / "samples" / "bundled-minimal.yaml").read_text())
     doc["metadata"].update(name=NAME, namespace=NS)
-    doc["spec"]["testing"] = {"processBacked": True}
+    doc["metadata"].setdefault("annotations", {})["hicache.dev/process-backed"] = "true"
     cluster.kubectl_apply([doc])
     wait_for(lambda: (lambda o: o if condition(o, "Ready") == "True" else None)(kget(cluster, "hcd", NAME, "-n", NS)),
              timeout=150, what="the sample Ready with a real runtime pod")

@@ -40,9 +40,8 @@ def ns(env, request):
 
 def fleet(name: str, ns: str, storage: dict, replicas: int = 2) -> dict:
     return {"apiVersion": "hicache.dev/v1alpha1", "kind": "HiCacheDeployment",
-            "metadata": {"name": name, "namespace": ns},
+            "metadata": {"name": name, "namespace": ns, "annotations": {"hicache.dev/process-backed": "true"}},
             "spec": {"image": "hicache-runtime:test", "replicas": replicas, "pageSize": 4, "maxTotalTokens": 4096,
-                     "testing": {"processBacked": True},
                      "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 60},
                      "hicache": {"memLayout": "page_first", "storage": storage}}}
 

@@ -134,9 +134,12 @@ def test_mooncake_layout_normalisation_restarts_because_layout_is_not_storage():
 def test_process_backed_annotation_is_opt_in():
     _, plain = children({})
     assert labels.PROCESS_BACKED not in plain["StatefulSet"]["spec"]["template"]["metadata"]["annotations"]
-    for p_kw, spec in (({"process_backed": True}, {}), ({}, {"testing": {"processBacked": True}})):
-        _, kids = children(spec, **p_kw)
-        assert kids["StatefulSet"]["spec"]["template"]["metadata"]["annotations"][labels.PROCESS_BACKED] == "true"
+    # set by the harness: the operator's env (process_backed) or the HiCacheDeployment's annotation
+    marked = body({"image": "img"})
+    marked["metadata"]["annotations"] = {labels.PROCESS_BACKED: "true"}
+    for p in (plan(body({"image": "img"}), [gpu_node("n")], process_backed=True), plan(marked, [gpu_node("n")])):
+        sts = p.children[-1]
+        assert sts["spec"]["template"]["metadata"]["annotations"][labels.PROCESS_BACKED] == "true"
 
 
 def test_memory_request_from_sizing_and_user_values_kept():
