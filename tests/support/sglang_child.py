@@ -22,15 +22,47 @@ FIELDS = ("tp_size", "pp_size", "dp_size", "attn_dp_size", "enable_dp_attention"
           "enable_hierarchical_cache", "host", "port")
 
 
-def resolve(argv: list[str]) -> dict:
+def resolve_args(argv: list[str]):
+    """(ServerArgs, resolved values) as the release's launcher gets them: 0.5.2x resolve in
+    ``resolve_once``; older releases in ``ServerArgs.__post_init__``."""
     from sglang.srt.server_args import prepare_server_args
 
     args = prepare_server_args(argv)
     if hasattr(args, "resolve_once"):
         args.resolve_once()
-        values = args.resolved_dict()
-    else:  # releases that resolve in __post_init__
-        values = dict(vars(args))
+        return args, args.resolved_dict()
+    return args, dict(vars(args))
+
+
+def stand_in_transfer_kernels() -> None:
+    """Older releases import sgl_kernel's CUDA transfer kernels with their host pools and storage
+    modules; on CPU a stand-in module takes their place, and calling one of them raises."""
+    import types
+
+    try:
+        import sgl_kernel.kvcacheio  # noqa: F401
+        return
+    except ImportError:
+        pass
+
+    def absent(name):
+        if name.startswith("__"):  # module protocol lookups (inspect, pickle) must see a plain module
+            raise AttributeError(name)
+
+        def call(*args, **kwargs):
+            raise RuntimeError(f"sgl_kernel.kvcacheio.{name} is not available on CPU")
+        return call
+
+    stub = types.ModuleType("sgl_kernel.kvcacheio")
+    stub.__getattr__ = absent
+    pkg = types.ModuleType("sgl_kernel")
+    pkg.__path__ = []
+    pkg.kvcacheio = stub
+    sys.modules.update({"sgl_kernel": pkg, "sgl_kernel.kvcacheio": stub})
+
+
+def resolve(argv: list[str]) -> dict:
+    values = resolve_args(argv)[1]
     return {k: values.get(k) for k in FIELDS if k in values}
 
 

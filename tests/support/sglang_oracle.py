@@ -75,11 +75,9 @@ def resolve(version: str, argvs: list[list[str]], extra: list[dict] | None = Non
     return run(version, (Path(__file__).with_name("sglang_child.py")).read_text(), {"cases": cases}, timeout=900)
 
 
-def container_argv(container: dict, pod_ip: str = "10.1.2.3") -> list[str]:
-    """A container's args as its process sees them: ``$(VAR)`` expanded from its env the way the
-    kubelet does (downward-API addresses as ``pod_ip``, Secret values as ``key-<secret name>``)."""
-    from tests.cluster.podrunner import expand
-
+def container_env(container: dict, pod_ip: str = "10.1.2.3") -> dict[str, str]:
+    """A container's env as the kubelet resolves it: downward-API addresses as ``pod_ip``, the pod
+    name as ``pod-0``, Secret values as ``key-<secret name>``."""
     env = {}
     for e in container.get("env", []):
         if "value" in e:
@@ -88,4 +86,13 @@ def container_argv(container: dict, pod_ip: str = "10.1.2.3") -> list[str]:
             env[e["name"]] = {"metadata.name": "pod-0"}.get(e["valueFrom"]["fieldRef"]["fieldPath"], pod_ip)
         else:
             env[e["name"]] = f"key-{e['valueFrom']['secretKeyRef']['name']}"
+    return env
+
+
+def container_argv(container: dict, pod_ip: str = "10.1.2.3") -> list[str]:
+    """A container's args as its process sees them: ``$(VAR)`` expanded from ``container_env`` the
+    way the kubelet does."""
+    from tests.cluster.podrunner import expand
+
+    env = container_env(container, pod_ip)
     return [expand(a, env) for a in container["args"]]

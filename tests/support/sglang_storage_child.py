@@ -20,22 +20,9 @@ from array import array
 
 import torch
 
-try:  # older versions import the CUDA transfer kernels with the host pools; the page paths used here never call them
-    import sgl_kernel.kvcacheio  # noqa: F401
-except ImportError:
-    def _absent(name):
-        if name.startswith("__"):  # module protocol lookups (inspect, pickle) must see a plain module
-            raise AttributeError(name)
+from tests.support.sglang_child import stand_in_transfer_kernels  # noqa: E402
 
-        def call(*args, **kwargs):
-            raise RuntimeError(f"sgl_kernel.kvcacheio.{name} is not available on CPU")
-        return call
-
-    _stub = types.ModuleType("sgl_kernel.kvcacheio")
-    _stub.__getattr__ = _absent
-    sys.modules["sgl_kernel"] = types.ModuleType("sgl_kernel")
-    sys.modules["sgl_kernel"].kvcacheio = _stub
-    sys.modules["sgl_kernel.kvcacheio"] = _stub
+stand_in_transfer_kernels()  # older releases import them with the host pools; the page paths here never call them
 
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig  # noqa: E402

@@ -27,13 +27,7 @@ model = req["model"]
 out = {}
 
 
-def resolve(argv):
-    from sglang.srt.server_args import prepare_server_args
-    args = prepare_server_args(argv)
-    if hasattr(args, "resolve_once"):  # 0.5.2x: explicit resolution pipeline
-        args.resolve_once()
-        return args, args.resolved_dict()
-    return args, dict(vars(args))  # older: ServerArgs.__post_init__ resolves
+from tests.support.sglang_child import resolve_args as resolve, stand_in_transfer_kernels
 
 
 with contextlib.redirect_stdout(io.StringIO()):
@@ -112,15 +106,8 @@ with contextlib.redirect_stdout(io.StringIO()):
             pass
     out["server_info_admin_key"] = info.get("admin_api_key")
 
-    # Storage modules import sgl_kernel's transfer kernels in older releases: stand them in.
     import sglang.srt.mem_cache.memory_pool
-    try:
-        import sgl_kernel.kvcacheio
-    except ImportError:
-        pkg = types.ModuleType("sgl_kernel"); pkg.__path__ = []
-        kv = types.ModuleType("sgl_kernel.kvcacheio"); kv.__getattr__ = lambda name: (lambda *a, **k: None)
-        pkg.kvcacheio = kv
-        sys.modules.update({"sgl_kernel": pkg, "sgl_kernel.kvcacheio": kv})
+    stand_in_transfer_kernels()
 
     from sglang.srt.mem_cache.storage.mooncake_store import mooncake_store as ms
     load = ms.MooncakeStoreConfig.load_from_extra_config

@@ -99,9 +99,8 @@ def rendered(spec: dict) -> tuple[dict, dict, list[str], dict]:
         raise RefusedForVersion(p.outcome.errors[0].message)
     assert p.desired is not None, [f.message for f in p.outcome.errors]
     container = p.children[-1]["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e.get("value") or f"key-{e['valueFrom']['secretKeyRef']['name']}"
-           for e in container["env"] if "fieldRef" not in e.get("valueFrom", {})}
-    return p.desired.effective_config, p.desired.sizing or {}, sglang_oracle.container_argv(container, POD_IP), env
+    return (p.desired.effective_config, p.desired.sizing or {}, sglang_oracle.container_argv(container, POD_IP),
+            sglang_oracle.container_env(container, POD_IP))
 
 
 def expected_extra(effective: dict) -> dict:
