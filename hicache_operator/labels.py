@@ -18,9 +18,6 @@ STORAGE_BACKEND = f"{PREFIX}/storage-backend"  # its backend name, for the BACKE
 PROCESS_BACKED = f"{PREFIX}/process-backed"  # local test cluster: run this pod's command as a process
 RENDERED_HASH = f"{PREFIX}/rendered-hash"  # on every child: hash of the rendered object
 
-# Pod readiness gate the operator drives; the rollout holds it False while a pod is swapped.
-SERVING_CONDITION = f"{PREFIX}/serving"
-
 # Client Service annotation: touched (a timestamp) to have the EndpointSlice controller sync the
 # Service again when it sits on a readiness flip (see ``endpoint_lag``).
 ENDPOINTS_RESYNC = f"{PREFIX}/endpoints-resync"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from hicache_operator import labels
+from hicache_operator.rollout import gate
 
 
 def pod_is_ready(pod: dict) -> bool:
@@ -52,13 +52,13 @@ def unavailable_reason(pod: dict) -> str | None:
         return "Unschedulable"
     if status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers):
         return None
-    gate = _pod_condition(pod, labels.SERVING_CONDITION)
-    if gate is None:
+    serving = gate.serving_gate(pod)
+    if serving is None:
         return None  # not admitted to serving yet: the operator sets the gate on first sight
     if _pod_condition(pod, "ContainersReady") == "True":
         # its containers are ready and Ready waits on the serving gate: just readmitted (the
         # kubelet has yet to recompute Ready), or held out of serving
-        return None if gate == "True" else "held out of serving (hicache.dev/serving False)"
+        return None if serving else f"held out of serving ({gate.CONDITION} False)"
     return None if _unready_since_start(pod, containers) else "not ready"
 
 

@@ -14,10 +14,11 @@ from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hicache_operator import labels, render, restarts, sizing
+from hicache_operator import labels, render, sizing
+from hicache_operator.rollout import restarts
 from hicache_operator.kube import Kube
 from hicache_operator.rules import rule
-from hicache_operator.status import Desired, build_status
+from hicache_operator.status import Desired, EffectiveConfig, RuleNote, build_status
 from hicache_operator.validation import Finding, Outcome, validate
 
 
@@ -61,20 +62,17 @@ def plan(body: dict[str, Any], nodes: list[dict] | None, *, process_backed: bool
     except ValueError as exc:  # fromNodeMemory without nodes: only when the caller passed none
         outcome.findings.append(Finding("schema", "error", str(exc)))
         return Plan(outcome, owner)
-    hicache = spec.model_dump(by_alias=True, mode="json", exclude_none=True)["hicache"]
-    effective = {
-        "engine": spec.engine,
-        "model": spec.model,
-        "hicache": hicache,
-        "command": children[-1]["spec"]["template"]["spec"]["containers"][0]["command"],
-        "args": render.args(spec, sized),
-        "restartHash": render.restart_hash(spec, sized, owner, process_backed=process_backed),
-        "storageHash": render.storage_hash(spec),
-        "normalisations": [f.as_dict() for f in outcome.of("normalised")],
-        "warnings": [f.as_dict() for f in outcome.of("warning")],
-    }
+    effective = EffectiveConfig(
+        engine=spec.engine, model=spec.model,
+        hicache=spec.model_dump(by_alias=True, mode="json", exclude_none=True)["hicache"],
+        command=children[-1]["spec"]["template"]["spec"]["containers"][0]["command"],
+        args=render.args(spec, sized),
+        restart_hash=render.restart_hash(spec, sized, owner, process_backed=process_backed),
+        storage_hash=render.storage_hash(spec),
+        normalisations=[RuleNote(rule=f.rule, message=f.message) for f in outcome.of("normalised")],
+        warnings=[RuleNote(rule=f.rule, message=f.message) for f in outcome.of("warning")])
     desired = Desired(replicas=spec.replicas, selector=labels.selector_string(owner.name),
-                      restart_hash=effective["restartHash"], storage_hash=effective["storageHash"],
+                      restart_hash=effective.restart_hash, storage_hash=effective.storage_hash,
                       backend=spec.hicache.storage.backend, host_pool=render.host_pool_text(spec, sized),
                       effective_config=effective, sizing=sized)
     return Plan(outcome, owner, desired, children)
@@ -202,7 +200,7 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     never_fitted = next((f for f in p.outcome.findings if f.rule == "no-eligible-nodes-yet"), None)
     if never_fitted is not None:
         degraded.append(("NoEligibleNodes", never_fitted.message))
-    elif nodes is not None and p.desired.sizing and p.desired.sizing.get("podMemoryBytes"):
+    elif nodes is not None and p.desired.sizing and p.desired.sizing.pod_memory_bytes:
         why = sizing.reevaluate(p.desired.sizing, spec, nodes)
         if why:
             degraded.append(("SizingNoLongerFits", rule("sizing-no-longer-fits").message.format(why=why)))

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hicache_operator import engine, flags, labels
-from hicache_operator.sizing import memory_quantity
+from hicache_operator.rollout import gate
+from hicache_operator.rollout.storage_config import StorageConfig, storage_fingerprint
+from hicache_operator.sizing import SizingRecord, memory_quantity
 from hicache_operator.spec import GROUP, KIND, VERSION, HiCacheDeploymentSpec, resolve_max_unavailable
 
 ADMIN_SECRET_KEY = "admin-api-key"
@@ -54,40 +56,30 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def storage_config(spec: HiCacheDeploymentSpec) -> dict[str, Any]:
-    """The live-swappable part of the config (what an attach carries)."""
+def storage_config(spec: HiCacheDeploymentSpec) -> StorageConfig:
+    """The live-swappable part of the config: what an attach carries and a swap converges to."""
     st = spec.hicache.storage
-    return {"backend": st.backend, "prefetchPolicy": st.prefetch_policy, "extraConfig": st.extra_config,
-            "writePolicy": spec.hicache.write_policy}
+    return StorageConfig(backend=st.backend, prefetch_policy=st.prefetch_policy, extra_config=st.extra_config,
+                         write_policy=spec.hicache.write_policy)
 
 
 def storage_hash(spec: HiCacheDeploymentSpec) -> str:
-    return digest(storage_config(spec))
+    """The pods' storage annotation and the swap's target: ``storage_fingerprint`` of the config."""
+    return storage_fingerprint(storage_config(spec))
 
 
-def attach_body(spec: HiCacheDeploymentSpec) -> dict[str, Any] | None:
-    """Body of ``PUT /hicache/storage-backend`` for the spec's storage config; None for backend none."""
-    st = spec.hicache.storage
-    if st.backend == "none":
-        return None
-    return {"hicache_storage_backend": st.backend,
-            "hicache_storage_backend_extra_config_json": json.dumps(st.extra_config, sort_keys=True),
-            "hicache_storage_prefetch_policy": st.prefetch_policy,
-            "hicache_write_policy": spec.hicache.write_policy}
-
-
-def host_pool_flag(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None) -> tuple[str, Any]:
+def host_pool_flag(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None) -> tuple[str, Any]:
     pool = spec.hicache.host_pool
     if pool.from_node_memory is not None:
-        if not sizing or not sizing.get("hicacheSizeGB"):
+        if sizing is None or not sizing.hicache_size_gb:
             raise ValueError("hostPool.fromNodeMemory needs a sizing record (nodes were not known)")
-        return "sizeGBPerRank", sizing["hicacheSizeGB"]
+        return "sizeGBPerRank", sizing.hicache_size_gb
     if pool.size_gb_per_rank is not None:
         return "sizeGBPerRank", pool.size_gb_per_rank
     return "ratio", pool.ratio
 
 
-def host_pool_text(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None) -> str:
+def host_pool_text(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None) -> str:
     mode, value = host_pool_flag(spec, sizing)
     if mode == "ratio":
         return f"ratio {value}"
@@ -110,7 +102,7 @@ def secret_ref(spec: HiCacheDeploymentSpec, owner_name: str, which: str) -> tupl
         (names(owner_name)["apiSecret"], API_SECRET_KEY)
 
 
-def args(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, *, include_storage: bool = True) -> list[str]:
+def args(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *, include_storage: bool = True) -> list[str]:
     return flags.render_args(spec.dump(), spec.engine, host_pool=host_pool_flag(spec, sizing),
                              include_storage=include_storage, api_key=uses_api_key(spec),
                              legacy_dp_attention=engine.lacks(spec, "attn_dp_size_flag"))
@@ -157,7 +149,7 @@ def _env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool) -> li
     return env
 
 
-def resources(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, *,
+def resources(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *,
               include_storage: bool = True) -> dict[str, Any]:
     """Requests and limits; without ``include_storage`` (the restart hash) the Mooncake segment is
     left out of the memory, so a live swap to or from Mooncake restarts no pod. A pod running
@@ -166,9 +158,9 @@ def resources(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, *,
     gpus = str(spec.ranks_per_pod)
     requests = {k: str(v) for k, v in spec.resources.requests.items()}
     limits = {k: str(v) for k, v in spec.resources.limits.items()}
-    memory = (sizing or {}).get("podMemory")
-    if memory and not include_storage and sizing.get("mooncakeSegmentBytes"):
-        memory = memory_quantity(sizing["podMemoryBytes"] - sizing["mooncakeSegmentBytes"])
+    memory = sizing.pod_memory if sizing is not None else None
+    if memory and not include_storage and sizing.mooncake_segment_bytes and sizing.pod_memory_bytes:
+        memory = memory_quantity(sizing.pod_memory_bytes - sizing.mooncake_segment_bytes)
     if memory:
         requests.setdefault("memory", memory)
         # A user's larger request raises the limit with it (a request above its limit is refused).
@@ -187,7 +179,7 @@ def _affinity(spec: HiCacheDeploymentSpec, name: str) -> dict[str, Any]:
     return affinity
 
 
-def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owner: Owner, *,
+def pod_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
                  process_backed: bool, include_storage: bool = True) -> dict[str, Any]:
     """The pod template; with include_storage False, the input of the restart hash."""
     probe_path = "/health" if spec.engine == "sglang" else "/ready"
@@ -225,7 +217,7 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, own
         annotations[labels.PROCESS_BACKED] = "true"
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
-        "readinessGates": [{"conditionType": labels.SERVING_CONDITION}],
+        "readinessGates": gate.readiness_gates(),
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": spec.rollout.drain_timeout_seconds + 30,
@@ -251,7 +243,7 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, own
             "spec": pod_spec}
 
 
-def restart_hash(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owner: Owner, *,
+def restart_hash(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
                  process_backed: bool) -> str:
     return digest(pod_template(spec, sizing, owner, process_backed=process_backed, include_storage=False))
 
@@ -268,7 +260,7 @@ def _stamp(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def statefulset(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owner: Owner, *,
+def statefulset(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
                 process_backed: bool) -> dict[str, Any]:
     template = pod_template(spec, sizing, owner, process_backed=process_backed)
     template["metadata"]["annotations"].update({
@@ -347,7 +339,7 @@ def pdb(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
     })
 
 
-def children(spec: HiCacheDeploymentSpec, sizing: dict[str, Any] | None, owner: Owner, *,
+def children(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
              process_backed: bool = False) -> list[dict[str, Any]]:
     """The applied children, in apply order (the StatefulSet last, after what its pods mount).
 

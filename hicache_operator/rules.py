@@ -133,7 +133,7 @@ RULES: tuple[Rule, ...] = (
          "memLayout page_first with ioBackend direct is served as page_first_direct: using memLayout "
          "page_first_direct"),
     Rule("extra-config-local-hostname", "normalised",
-         "hicache.storage.extraConfig.local_hostname removed: each pod's MOONCAKE_LOCAL_HOSTNAME comes "
+         "hicache.storage.extraConfig: {paths} removed: each pod's MOONCAKE_LOCAL_HOSTNAME comes "
          "from its own address through the downward API"),
     # ---- warnings ----
     Rule("extra-config-unknown-key", "warning",

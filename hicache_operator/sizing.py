@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from decimal import Decimal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes.utils.quantity import parse_quantity
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
 
 from hicache_operator import engine, model_shapes
 from hicache_operator.spec import HiCacheDeploymentSpec
@@ -56,6 +59,53 @@ class SizingError(Exception):
         self.params = params
 
 
+class SizingRecord(BaseModel):
+    """How the host pools and the pod's memory were sized, every term in bytes (``status.sizing``)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+    inputs_hash: str = Field(description="Hash of the spec fields sizing reads; the record is reused while it holds.")
+    mode: Literal["fromNodeMemory", "sizeGBPerRank", "ratio"] = Field(description="Which hostPool field sized the pools.")
+    ranks_per_node: int = Field(description="Ranks (GPUs) of one pod, each with its own host pool.")
+    overhead_bytes: int = Field(description="hostPool.overheadGiB: the processes themselves.")
+    shm_bytes: int = Field(description="hostPool.shmGiB: the memory-backed /dev/shm.")
+    mooncake_segment_bytes: int | None = Field(None, description="The Mooncake global segment the pod lends.")
+    engine_reserve_bytes: int = Field(description="What SGLang's host headroom check keeps free (0 without it).")
+    pool_multiplier: int = Field(description="Pools the limit must hold: 2r-1 with SGLang's check, else r.")
+    page_size: int
+    bytes_per_token: int | None = Field(None, description="KV bytes per token per rank; unset for a model of unknown shape.")
+    eligible_nodes: int | None = Field(None, description="Nodes the pods may land on; unset when the nodes were not read.")
+    smallest_node: str | None = Field(None, description="The smallest eligible node, which the pools are sized for.")
+    node_allocatable_bytes: int | None = None
+    ineligible: str | None = Field(None, description="Why no node is eligible, node by node.")
+    fraction: float | None = None
+    reserve_bytes: int | None = None
+    budget_per_rank_bytes: int | None = None
+    budget_formula: str | None = None
+    hicache_size_gb: int | None = Field(None, alias="hicacheSizeGB", description="--hicache-size per rank (GB).")
+    ratio: float | None = None
+    host_pool_pages_per_rank: int | None = None
+    host_pool_tokens_per_rank: int | None = None
+    host_pool_bytes_per_rank: int | None = None
+    pod_memory_bytes: int | None = Field(None, description="The pod's memory request and limit.")
+    pod_memory: str | None = Field(None, description="podMemoryBytes as a quantity (whole MiB).")
+    formula: str | None = Field(None, description="podMemoryBytes, term by term.")
+    engine_headroom_check: str | None = Field(None, description="SGLang's headroom check for the last rank.")
+    note: str | None = Field(None, description="Why the pools could not be sized here.")
+
+    def dump(self) -> dict[str, Any]:
+        """The camelCase dict status carries."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    @classmethod
+    def read(cls, raw: Any) -> "SizingRecord | None":
+        """A record from a status; None when absent or unreadable (sizing then runs afresh)."""
+        try:
+            return cls.model_validate(raw) if isinstance(raw, dict) else None
+        except ValidationError:
+            return None
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
@@ -70,12 +120,12 @@ def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _quantity(value: Any) -> int:
-    """A quantity in base units; an unreadable one counts as 0 (the node is then ineligible)."""
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity in base units, None when unreadable."""
     try:
-        return int(parse_quantity(value))
+        return parse_quantity(value)
     except (ValueError, TypeError, ArithmeticError):
-        return 0
+        return None
 
 
 def node_info(node: dict) -> NodeInfo:
@@ -84,8 +134,8 @@ def node_info(node: dict) -> NodeInfo:
     taints = spec.get("taints") if isinstance(spec.get("taints"), list) else []
     return NodeInfo(
         name=str(meta.get("name", "?")),
-        memory=_quantity(alloc.get("memory", 0)),
-        gpus=_quantity(alloc.get(GPU, 0)),
+        memory=int(quantity(alloc.get("memory", 0)) or 0),  # unreadable: 0, so the node is ineligible
+        gpus=int(quantity(alloc.get(GPU, 0)) or 0),
         labels={str(k): str(v) for k, v in _dict(meta.get("labels")).items()},
         taints=tuple(_dict(t) for t in taints),
         unschedulable=bool(spec.get("unschedulable")),
@@ -259,8 +309,8 @@ def pool_multiplier(spec: HiCacheDeploymentSpec) -> int:
     return 2 * ranks - 1 if engine.host_reserve_bytes(spec) else ranks
 
 
-def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, Any]:
-    """The sizing record for status (camelCase). Raises SizingError.
+def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingRecord:
+    """The sizing record. Raises SizingError.
 
     ``nodes`` None means "not known here" (static validation): node checks are skipped, and
     fromNodeMemory cannot be sized.
@@ -324,7 +374,7 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, 
     if per_rank is None:
         rec["note"] = (f"model {spec.model} has no known KV shape: set spec.modelShape" if bpt is None else
                        "the host pool follows the device pool SGLang picks from GPU memory: set maxTotalTokens")
-        return rec
+        return SizingRecord.model_validate(rec)
     total = fixed + multiplier * per_rank
     rec.update(hostPoolBytesPerRank=per_rank, podMemoryBytes=total, podMemory=memory_quantity(total),
                formula=" + ".join(f"{v} ({k.removesuffix('Bytes')})" for k, v in terms.items() if v)
@@ -342,15 +392,15 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> dict[str, 
         raise SizingError("host-pool-exceeds-node", ranks=multiplier, per_rank=fmt_bytes(per_rank),
                           overhead=fmt_bytes(fixed), total=fmt_bytes(total), alloc=fmt_bytes(smallest.memory),
                           node=smallest.name, fix=fix)
-    return rec
+    return SizingRecord.model_validate(rec)
 
 
-def reevaluate(record: dict[str, Any], spec: HiCacheDeploymentSpec, nodes: list[dict]) -> str | None:
+def reevaluate(record: SizingRecord, spec: HiCacheDeploymentSpec, nodes: list[dict]) -> str | None:
     """Why a pinned sizing record no longer fits the current nodes, or None when it does."""
     eligible, excluded = eligible_nodes(spec, nodes)
     if not eligible:
         return describe_exclusions(excluded, len(nodes))
-    need = record.get("podMemoryBytes")
+    need = record.pod_memory_bytes
     smallest = min(eligible, key=lambda n: n.memory)
     if need and need > smallest.memory:
         return (f"pods need {fmt_bytes(need)} but eligible node {smallest.name} has {fmt_bytes(smallest.memory)} "

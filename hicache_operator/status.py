@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from hicache_operator import labels
+from hicache_operator.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition, set_conditions
 from hicache_operator.pods import (
     annotation,
     pod_is_ready,
@@ -26,9 +27,10 @@ from hicache_operator.pods import (
     pod_runs,
     unavailable_reason,
 )
+from hicache_operator.sizing import SizingRecord
 
-SWAP_IN_PROGRESS, SWAP_FAILED = "BackendSwapInProgress", "BackendSwapFailed"  # rollout.planner's
 SWAP_CONDITIONS = (SWAP_IN_PROGRESS, SWAP_FAILED)
+REFUSED_REASON = "RefusedByAPIServer"
 OWN_CONDITIONS = ("ConfigValid", "Ready", "Progressing", "Degraded", *SWAP_CONDITIONS)
 
 
@@ -36,13 +38,26 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
-class Condition(_Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
+class RuleNote(_Model):
+    rule: str = Field(description="The rule's name (docs/validation-rules.md).")
+    message: str
+
+
+class EffectiveConfig(_Model):
+    """What the pods run: the spec after normalisation, the rendered command, and the rules applied."""
+
+    engine: str
+    model: str
+    hicache: dict[str, Any] = Field(description="spec.hicache after normalisation.")
+    command: list[str]
+    args: list[str]
+    restart_hash: str = Field(description="Hash of the pod template without the storage config; a change restarts pods.")
+    storage_hash: str = Field(description="Fingerprint of the storage config; a change is swapped live.")
+    normalisations: list[RuleNote] = Field(default_factory=list)
+    warnings: list[RuleNote] = Field(default_factory=list)
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, mode="json")
 
 
 class HiCacheDeploymentStatus(_Model):
@@ -52,9 +67,9 @@ class HiCacheDeploymentStatus(_Model):
     ready: str | None = Field(None, description="readyReplicas/spec.replicas, for the READY column.")
     selector: str | None = Field(None, description="Pod label selector (scale subresource).")
     conditions: list[Condition] = Field(default_factory=list)
-    effective_config: dict[str, Any] | None = Field(
+    effective_config: EffectiveConfig | None = Field(
         None, description="The configuration after normalisation, the rendered arguments, and every rule applied.")
-    sizing: dict[str, Any] | None = Field(None, description="Host pool sizing arithmetic.")
+    sizing: SizingRecord | None = Field(None, description="Host pool sizing arithmetic.")
     host_pool: str | None = Field(None, description="Host pool per rank, for the HOST-POOL column.")
     current_backend: str | None = Field(
         None, description="L3 backend the running pods run: the target when all do, else the one most of the "
@@ -75,8 +90,8 @@ class Desired:
     storage_hash: str
     backend: str
     host_pool: str
-    effective_config: dict[str, Any]
-    sizing: dict[str, Any] | None
+    effective_config: EffectiveConfig
+    sizing: SizingRecord | None
 
 
 @dataclass(frozen=True)
@@ -195,9 +210,9 @@ def derive(o: Observed) -> Status:
     carried = ("selector", "hostPool", "targetBackend", "effectiveConfig", "sizing")
     if o.desired is not None:
         out.update(selector=o.desired.selector, hostPool=o.desired.host_pool, targetBackend=o.desired.backend,
-                   effectiveConfig=o.desired.effective_config)
+                   effectiveConfig=o.desired.effective_config.dump())
         if o.desired.sizing is not None:
-            out["sizing"] = o.desired.sizing
+            out["sizing"] = o.desired.sizing.dump()
     else:  # what the pods of the last valid spec run
         out.update({k: o.previous[k] for k in carried if o.previous.get(k) is not None})
     if fleet.current_backend is not None:
@@ -209,12 +224,13 @@ def derive(o: Observed) -> Status:
     progressing = _progressing(o, swap, fleet)
     ready = fleet.ready >= fleet.replicas
     conds = [_config_valid(o),
-             _cond("Progressing", progressing[0] is not None, *progressing[1:]),
+             condition("Progressing", progressing[0] is not None, *progressing[1:]),
              _degraded(o, swap, fleet, settled=progressing[0] in (None, "PodsStarting")),
-             _cond("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
-                   f"{fleet.ready}/{fleet.replicas} pod(s) ready"),
-             *({k: c[k] for k in ("type", "status", "reason", "message") if k in c} for c in swap.conditions)]
-    out["conditions"] = merge_conditions(o.previous.get("conditions") or [], conds, o.generation, o.now)
+             condition("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
+                       f"{fleet.ready}/{fleet.replicas} pod(s) ready"),
+             *(Condition.model_validate(c) for c in swap.conditions)]
+    out["conditions"] = set_conditions(o.previous.get("conditions") or [], conds, o.generation, o.now,
+                                       drop=OWN_CONDITIONS)
     return Status(out, o)
 
 
@@ -243,11 +259,11 @@ def _fleet(o: Observed, swap: SwapView) -> _Fleet:
     return fleet
 
 
-def _config_valid(o: Observed) -> dict[str, Any]:
+def _config_valid(o: Observed) -> Condition:
     if o.errors:
-        return _cond("ConfigValid", False, o.errors[0][0], "; ".join(f"{r}: {m}" for r, m in o.errors))
-    notes = (o.desired.effective_config.get("normalisations") or []) if o.desired else []
-    return _cond("ConfigValid", True, "Valid",
+        return condition("ConfigValid", False, o.errors[0][0], "; ".join(f"{r}: {m}" for r, m in o.errors))
+    notes = o.desired.effective_config.normalisations if o.desired else []
+    return condition("ConfigValid", True, "Valid",
                  f"{len(notes)} normalisation(s) applied, see status.effectiveConfig" if notes else "spec is valid")
 
 
@@ -274,7 +290,7 @@ def _progressing(o: Observed, swap: SwapView, fleet: _Fleet) -> tuple[str | None
     return None, "Reconciled", "pods match the spec"
 
 
-def _degraded(o: Observed, swap: SwapView, fleet: _Fleet, settled: bool) -> dict[str, Any]:
+def _degraded(o: Observed, swap: SwapView, fleet: _Fleet, settled: bool) -> Condition:
     """Degraded: True with the first problem's reason and every problem's message."""
     problems: list[tuple[str, str]] = []
     if o.desired is None:
@@ -292,8 +308,8 @@ def _degraded(o: Observed, swap: SwapView, fleet: _Fleet, settled: bool) -> dict
         problems.append(("ReplicasUnavailable", _unavailable_message(fleet.ready, fleet.replicas, fleet.starting,
                                                                      fleet.unready)))
     if not problems:
-        return _cond("Degraded", False, "AsExpected", "no problems found")
-    return _cond("Degraded", True, problems[0][0], "; ".join(m for _, m in problems))
+        return condition("Degraded", False, "AsExpected", "no problems found")
+    return condition("Degraded", True, problems[0][0], "; ".join(m for _, m in problems))
 
 
 def failed(previous: dict | None, generation: int, failure: tuple[str, str], now: str) -> dict[str, Any]:
@@ -302,12 +318,18 @@ def failed(previous: dict | None, generation: int, failure: tuple[str, str], now
     the failure, and Progressing False: nothing moves until a reconcile succeeds, and the next
     one that does derives the whole status again."""
     previous = previous or {}
-    mine = [_cond("Progressing", False, failure[0], "stopped: the last reconcile failed (see Degraded)"),
-            _cond("Degraded", True, *failure)]
-    new = {c["type"]: c for c in merge_conditions(previous.get("conditions") or [], mine, generation, now)
-           if c["type"] in ("Progressing", "Degraded")}
-    kept = [new.pop(c.get("type"), c) for c in previous.get("conditions") or []]
-    return {**previous, "conditions": [*kept, *new.values()]}
+    mine = [condition("Progressing", False, failure[0], "stopped: the last reconcile failed (see Degraded)"),
+            condition("Degraded", True, *failure)]
+    return {**previous, "conditions": set_conditions(previous.get("conditions") or [], mine, generation, now)}
+
+
+def refused(previous: dict | None, generation: int, message: str, now: str) -> dict[str, Any]:
+    """The status after the API server refused a rendered child: ConfigValid False with its
+    message, the rest as the last derive left it (a spec edit or the next resync tries again)."""
+    previous = previous or {}
+    mine = [condition("ConfigValid", False, REFUSED_REASON, message)]
+    return {**previous, "observedGeneration": generation,
+            "conditions": set_conditions(previous.get("conditions") or [], mine, generation, now)}
 
 
 def _unavailable_message(ready: int, replicas: int, starting: int, unready: dict[str, str | None]) -> str:
@@ -317,21 +339,3 @@ def _unavailable_message(ready: int, replicas: int, starting: int, unready: dict
     if why:
         message += "; " + ", ".join(why[:3]) + (f" and {len(why) - 3} more" if len(why) > 3 else "")
     return message
-
-
-def _cond(ctype: str, status: bool, reason: str, message: str) -> dict[str, Any]:
-    return {"type": ctype, "status": "True" if status else "False", "reason": reason, "message": message}
-
-
-def merge_conditions(previous: list[dict], new: list[dict], generation: int, now: str) -> list[dict]:
-    """New conditions in Kubernetes shape; lastTransitionTime moves only when status flips."""
-    before = {c.get("type"): c for c in previous}
-    merged = []
-    for cond in new:
-        old = before.get(cond["type"])
-        changed = old is None or old.get("status") != cond["status"]
-        merged.append({**cond, "observedGeneration": generation,
-                       "lastTransitionTime": now if changed else old.get("lastTransitionTime", now)})
-    mine = {c["type"] for c in new}
-    merged += [c for c in previous if c.get("type") not in mine and c.get("type") not in OWN_CONDITIONS]
-    return merged

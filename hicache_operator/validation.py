@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
 from pydantic import ValidationError
 
 from hicache_operator import engine, engine_versions, flags, render, sizing
+from hicache_operator.rollout.storage_config import hostname_paths, without_hostnames
 from hicache_operator.rules import rule
 from hicache_operator.spec import HiCacheDeploymentSpec, resolve_max_unavailable
 
@@ -30,9 +30,6 @@ class Finding:
     severity: str
     message: str
 
-    def as_dict(self) -> dict[str, str]:
-        return {"rule": self.rule, "message": self.message}
-
 
 def finding(name: str, **params: Any) -> Finding:
     r = rule(name)
@@ -43,7 +40,7 @@ def finding(name: str, **params: Any) -> Finding:
 class Outcome:
     spec: HiCacheDeploymentSpec | None  # the effective (normalised) spec; None when unparseable
     findings: list[Finding] = field(default_factory=list)
-    sizing: dict[str, Any] | None = None
+    sizing: sizing.SizingRecord | None = None
 
     def of(self, severity: str) -> list[Finding]:
         return [f for f in self.findings if f.severity == severity]
@@ -166,13 +163,6 @@ def _label_value(value: Any) -> bool:
     return isinstance(value, str) and len(value) <= 63 and bool(LABEL_VALUE.fullmatch(value))
 
 
-def _quantity(value: Any) -> Any:
-    try:
-        return parse_quantity(value)
-    except (ValueError, TypeError, ArithmeticError):
-        return None
-
-
 def _check_tolerations(tolerations: list[dict[str, Any]]) -> list[tuple[str, str]]:
     out = []
     for i, tol in enumerate(tolerations):
@@ -229,7 +219,7 @@ def _check_resources(spec: HiCacheDeploymentSpec, rendered: dict[str, dict[str, 
         for name, value in getattr(spec.resources, which).items():
             if not _qualified(name):
                 out.append((f"resources.{which}", f"{name!r} is not a valid resource name"))
-            q = _quantity(value)
+            q = sizing.quantity(value)
             if q is None:
                 out.append((f"resources.{which}.{name}", f"{value!r} is not a quantity"))
             elif q < 0:
@@ -244,13 +234,13 @@ def _check_resources(spec: HiCacheDeploymentSpec, rendered: dict[str, dict[str, 
         extended = hugepages or ("/" in name and not name.split("/")[0].endswith("kubernetes.io"))
         if extended and name not in limits:
             out.append((f"resources.limits.{name}", "is required: requests of this resource need an equal limit"))
-        elif extended and _quantity(req) != _quantity(limits[name]):
+        elif extended and sizing.quantity(req) != sizing.quantity(limits[name]):
             out.append((f"resources.requests.{name}", "must equal its limit for this resource"))
-        elif name in limits and _quantity(req) > _quantity(limits[name]):
+        elif name in limits and sizing.quantity(req) > sizing.quantity(limits[name]):
             out.append((f"resources.requests.{name}", f"{req} exceeds the limit {limits[name]}"))
     for name, value in {**requests, **limits}.items():
-        page = _quantity(name[len("hugepages-"):]) if name.startswith("hugepages-") else None
-        if page and _quantity(value) % page:
+        page = sizing.quantity(name[len("hugepages-"):]) if name.startswith("hugepages-") else None
+        if page and sizing.quantity(value) % page:
             out.append((f"resources.{name}", f"{value} is not a whole number of {name[len('hugepages-'):]} pages"))
         if page is not None and not {"cpu", "memory"} & (set(requests) | set(limits)):
             out.append(("resources", "hugepages need a cpu or memory request or limit"))
@@ -297,9 +287,10 @@ def normalise(spec: HiCacheDeploymentSpec) -> tuple[HiCacheDeploymentSpec, list[
         out.append(finding("page-first-direct-io"))
 
     extra = dict(st["extraConfig"] or {})
-    if "local_hostname" in extra:
-        del extra["local_hostname"]
-        out.append(finding("extra-config-local-hostname"))
+    hostnames = hostname_paths(extra)
+    if hostnames:
+        extra = without_hostnames(extra)
+        out.append(finding("extra-config-local-hostname", paths=", ".join(hostnames)))
     if st["backend"] != "none":
         known = flags.KNOWN_EXTRA_CONFIG_KEYS[st["backend"]] | flags.PREFETCH_KNOBS
         for key in sorted(set(extra) - known):
@@ -320,12 +311,12 @@ def normalise(spec: HiCacheDeploymentSpec) -> tuple[HiCacheDeploymentSpec, list[
     return HiCacheDeploymentSpec.model_validate(d), out
 
 
-def check_memory_request(spec: HiCacheDeploymentSpec, record: dict[str, Any]) -> list[Finding]:
-    need = record.get("podMemoryBytes")
+def check_memory_request(spec: HiCacheDeploymentSpec, record: sizing.SizingRecord) -> list[Finding]:
+    need = record.pod_memory_bytes
     out = []
     for which in ("requests", "limits"):
         given = getattr(spec.resources, which).get("memory")
-        quantity = _quantity(given)  # an unreadable one is reported by check_pod_fields
+        quantity = sizing.quantity(given)  # an unreadable one is reported by check_pod_fields
         if need and quantity is not None and int(quantity) < need:
             out.append(finding("memory-request-too-small", which=which, given=given,
                                needed=sizing.fmt_bytes(need)))
@@ -333,12 +324,13 @@ def check_memory_request(spec: HiCacheDeploymentSpec, record: dict[str, Any]) ->
 
 
 def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[dict] | None = None,
-             pinned_sizing: dict[str, Any] | None = None) -> Outcome:
+             pinned_sizing: Any = None) -> Outcome:
     """Parse, check, normalise and size one spec.
 
     ``nodes``: the cluster's nodes as API dicts, or None when unknown (then node-dependent rules
     are skipped and fromNodeMemory is not sized). ``pinned_sizing``: the sizing record from the
-    last status; reused while its inputs hash matches so node changes never re-size by themselves.
+    last status (as written there); reused while its inputs hash matches so node changes never
+    re-size by themselves.
     """
     spec, findings = parse(raw_spec)
     if spec is None:
@@ -351,21 +343,21 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[d
         return outcome
     # a pinned record is reused only if it fitted: a fleet no node could hold is sized afresh
     # each time, so a node that arrives later is found
-    if pinned_sizing and pinned_sizing.get("inputsHash") == sizing.inputs_hash(effective) \
-            and "ineligible" not in pinned_sizing:
-        outcome.sizing = pinned_sizing
+    pinned = sizing.SizingRecord.read(pinned_sizing)
+    if pinned is not None and pinned.inputs_hash == sizing.inputs_hash(effective) and pinned.ineligible is None:
+        outcome.sizing = pinned
     elif nodes is not None or effective.hicache.host_pool.from_node_memory is None:
         try:
             outcome.sizing = sizing.compute(effective, nodes)
         except sizing.SizingError as exc:
             findings.append(finding(exc.rule, **exc.params))
             return outcome
-        if "ineligible" in outcome.sizing:
+        if outcome.sizing.ineligible is not None:
             findings.append(finding("no-eligible-nodes-yet", gpus=effective.ranks_per_pod,
-                                    why=outcome.sizing["ineligible"]))
+                                    why=outcome.sizing.ineligible))
     memory = check_memory_request(effective, outcome.sizing) if outcome.sizing else []
     findings += memory
-    if outcome.sizing and outcome.sizing.get("note") and "memory" not in effective.resources.requests:
-        findings.append(finding("no-memory-request", why=outcome.sizing["note"]))
+    if outcome.sizing and outcome.sizing.note and "memory" not in effective.resources.requests:
+        findings.append(finding("no-memory-request", why=outcome.sizing.note))
     findings += check_pod_fields(effective, outcome.sizing, compare_memory=not memory)
     return outcome

@@ -1,8 +1,8 @@
 """A de-duplicating work queue of HiCacheDeployments to reconcile, in the manner of client-go's.
 
-Why not one kopf handler per trigger: at fleet scale a deployment sees a burst of triggers (its
-pods' events, EndpointSlice updates, timers) and each handler used to run a full reconcile with
-fresh reads, most of them redundant. Here every trigger only *adds* the deployment's key:
+At fleet scale a deployment sees bursts of triggers (its pods' events, EndpointSlice updates,
+timers); a full reconcile per trigger would be mostly redundant. So every trigger only *adds* the
+deployment's key:
 
 - a key is queued at most once; adding it again merges the requests (the union of what they ask);
 - a key is processed by one worker at a time; adding it while it is being processed queues it
@@ -14,7 +14,7 @@ fresh reads, most of them redundant. Here every trigger only *adds* the deployme
   resyncs would otherwise re-run a failing reconcile several times a second. Only a new
   generation of the spec (trigger ``spec``, the user's fix) goes ahead at once.
 
-A reconcile reads the newest version of the object when it starts (``bodycache``), so a merged
+A reconcile reads the newest version of the object when it starts (``informers.bodies``), so a merged
 request covers every trigger that arrived before it began.
 """
 

@@ -1,26 +1,35 @@
-"""Drain-aware rolling swaps of the L3 storage backend.
+"""Drain-aware rolling swaps of the L3 storage backend, and restarts of stale pods.
 
-``plan_step`` is the pure planner (see ``planner`` and README.md for the state
-machine); ``runtime_client`` talks to one pod's runtime. The handlers glue
-them to Kubernetes: observe, plan, run the actions, ``apply_outcomes``,
-persist ``state.to_status()`` in ``status.backendSwap``.
+The package has one seam. The modules here decide and do no I/O: they turn observations
+(pods, endpoints, runtime reads) and the persisted state into the next actions. Everything that
+talks to the API server or to a runtime lives in ``act/`` and decides nothing.
+
+Decide (pure): ``storage_config`` (the target and what runtimes report), ``observation``
+(one pod seen once), ``state`` (``status.backendSwap``), ``actions``, ``planner`` (``plan_step``:
+one pass), ``passes`` (a step of several passes, through injected ``execute``/``reobserve``),
+``gate`` (the serving gate's constant, reading and patch body), ``due`` (is a step due?),
+``restarts`` (which stale pods to delete), ``endpoint_lag`` (when a Service needs a touch).
+
+Act (I/O, ``act/``): ``executor.Swapper`` (observe, run the passes, send their actions),
+``runtime_client`` (one pod's admin API), ``views`` (reads and which to reuse), ``drains``
+(background reads of drained pods), ``endpoint_touch`` (touching a lagging Service).
+
+See README.md for the state machine.
 """
 
 from .actions import (
-    SERVING_GATE,
     Action,
     ActionOutcome,
     Attach,
-    Condition,
     Detach,
     Event,
-    Plan,
     SetServingGate,
+    SwapPlan,
     apply_outcomes,
 )
 from .observation import PodObservation, RolloutSettings
-from .planner import FAILED_CONDITION, IN_PROGRESS_CONDITION, plan_step
-from .state import Failure, InvalidSwapState, Phase, PodSwap, Step, SwapState
+from .planner import plan_step
+from .state import Failure, InvalidSwapState, Phase, PodSwap, Stage, SwapState
 from .storage_config import (
     TARGET_BACKENDS,
     ReportedBackend,
@@ -31,27 +40,23 @@ from .storage_config import (
 )
 
 __all__ = [
-    "SERVING_GATE",
-    "FAILED_CONDITION",
-    "IN_PROGRESS_CONDITION",
     "TARGET_BACKENDS",
     "Action",
     "ActionOutcome",
     "Attach",
-    "Condition",
     "Detach",
     "Event",
     "Failure",
     "InvalidSwapState",
     "Phase",
-    "Plan",
     "PodObservation",
     "PodSwap",
     "ReportedBackend",
     "RolloutSettings",
     "SetServingGate",
-    "Step",
+    "Stage",
     "StorageConfig",
+    "SwapPlan",
     "SwapState",
     "apply_outcomes",
     "attach_payload",

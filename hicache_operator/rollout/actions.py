@@ -14,11 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence, Union
 
+from hicache_operator.conditions import Condition
+
 from .state import SwapState
 from .storage_config import clip_message
-
-SERVING_GATE = "hicache.dev/serving"
-
 
 @dataclass(frozen=True)
 class SetServingGate:
@@ -63,16 +62,8 @@ class Event:
     pod: str | None = None
 
 
-@dataclass(frozen=True)
-class Condition:
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str
-
-
 @dataclass
-class Plan:
+class SwapPlan:
     """One step: persist ``state`` (after ``apply_outcomes``), run
     ``actions``, post ``events``, set ``conditions``, and plan again after
     ``requeue_after`` seconds (None: nothing is pending)."""

@@ -1,5 +1,8 @@
 """Drain-aware rolling swap of the L3 storage backend: the pure planner.
 
+(One module past 400 lines on purpose: every transition of the diagram below is a method of
+``_Planner``, and they are read and changed together.)
+
 ``plan_step`` looks at the fleet once and returns the NEXT step — new state
 to persist in ``status.backendSwap``, at most one action per pod, Events,
 conditions and a requeue hint. It never sleeps and never assumes an action
@@ -65,9 +68,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from .actions import Action, Attach, Condition, Detach, Event, Plan, SetServingGate
+from hicache_operator.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition
+
+from .actions import Action, Attach, Detach, Event, SetServingGate, SwapPlan
 from .observation import PodObservation, RolloutSettings
-from .state import Failure, InvalidSwapState, Phase, PodSwap, Step, SwapState
+from .state import Failure, InvalidSwapState, Phase, PodSwap, Stage, SwapState
 from .storage_config import (
     StorageConfig,
     as_target,
@@ -78,8 +83,6 @@ from .storage_config import (
     updatable_in_place,
 )
 
-IN_PROGRESS_CONDITION = "BackendSwapInProgress"
-FAILED_CONDITION = "BackendSwapFailed"
 _MAX_TRANSITIONS = 5  # longest chain in one step: Draining->Swapping->RollingBack->Readmitting
 
 
@@ -89,7 +92,7 @@ def plan_step(
     settings: RolloutSettings | Mapping[str, Any],
     state: SwapState | Mapping[str, Any] | None,
     now: datetime,
-) -> Plan:
+) -> SwapPlan:
     """Next step of the swap toward ``target``; see the module docstring.
 
     ``state`` is ``status.backendSwap`` as persisted (None at first; an
@@ -150,7 +153,7 @@ class _Planner:
         if prior is not None:
             for name, rec in prior.pods.items():
                 # A pod rolling back re-checks its drain before heading for the new target.
-                records[name] = self._moved(rec, Step.DRAINING) if rec.step is Step.ROLLING_BACK else rec
+                records[name] = self._moved(rec, Stage.DRAINING) if rec.stage is Stage.ROLLING_BACK else rec
             self._event(
                 "Normal",
                 "BackendSwapStarted",
@@ -170,7 +173,7 @@ class _Planner:
     def failed(self) -> bool:
         return self.state.phase is Phase.FAILED
 
-    def plan(self) -> Plan:
+    def plan(self) -> SwapPlan:
         for name in sorted(self.records, key=natural_key):
             self._advance(name)
         live = sorted((o for o in self.pods.values() if o.live), key=lambda o: natural_key(o.name))
@@ -186,37 +189,37 @@ class _Planner:
         if obs is None or not obs.live or obs.uid != rec.uid:
             del self.records[name]
             why = "disappeared" if obs is None else "is terminating" if not obs.live else "was replaced (new uid)"
-            self._event("Normal", "PodLeftSwap", f"pod {name} {why} during its backend swap ({rec.step.value}); "
+            self._event("Normal", "PodLeftSwap", f"pod {name} {why} during its backend swap ({rec.stage.value}); "
                         "a replacement is judged afresh", name)
             return
-        if rec.step is not Step.READMITTING and self._fresh(obs, rec) and obs.available:
+        if rec.stage is not Stage.READMITTING and self._fresh(obs, rec) and obs.available:
             # Serving, so settled: the record predates a readmission whose
             # state was never persisted. Taking the pod out again must
             # compete for the budget like any other pod, so forget it.
             del self.records[name]
             return
         handlers = {
-            Step.DRAINING: self._draining,
-            Step.SWAPPING: self._swapping,
-            Step.ROLLING_BACK: self._rolling_back,
-            Step.READMITTING: self._readmitting,
+            Stage.DRAINING: self._draining,
+            Stage.SWAPPING: self._swapping,
+            Stage.ROLLING_BACK: self._rolling_back,
+            Stage.READMITTING: self._readmitting,
         }
         for _ in range(_MAX_TRANSITIONS):
             rec = self.records.get(name)
-            if rec is None or not handlers[rec.step](name, rec, obs):
+            if rec is None or not handlers[rec.stage](name, rec, obs):
                 return
 
     def _draining(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
         fresh = self._fresh(obs, rec)
         if self.failed:
             self._event("Normal", "PodSwapAborted", f"rollout stopped; returning pod {name} to serving", name)
-            self._set(name, self._moved(rec, Step.ROLLING_BACK))
+            self._set(name, self._moved(rec, Stage.ROLLING_BACK))
             return True
         if fresh and obs.reachable and config_matches(obs.backend, self.target):
-            self._set(name, self._moved(rec, Step.READMITTING))
+            self._set(name, self._moved(rec, Stage.READMITTING))
             return True
         if fresh and obs.serving_gate is False and obs.endpoint_ready is not True and obs.reachable and obs.idle:
-            self._set(name, self._moved(rec, Step.SWAPPING))
+            self._set(name, self._moved(rec, Stage.SWAPPING))
             return True
         if self._timed_out(rec):
             self._fail(name, "DrainTimeout", f"not drained after {self._elapsed(rec):.0f}s: {self._blockers(obs, fresh)}")
@@ -229,7 +232,7 @@ class _Planner:
         result = self._converge(name, obs, self.target, self.target_fp)
         if result == _DONE:
             self._event("Normal", "PodSwapped", f"pod {name} now runs {self.target.describe()}; readmitting it", name)
-            self._set(name, self._moved(self.records[name], Step.READMITTING))
+            self._set(name, self._moved(self.records[name], Stage.READMITTING))
             return True
         if isinstance(result, _Fail):
             self._fail(name, result.cause, result.message)
@@ -241,7 +244,7 @@ class _Planner:
         if previous is None:
             self._event("Warning", "RollbackSkipped", f"previous storage config of pod {name} is unknown; "
                         "readmitting it as it is", name)
-            self._set(name, self._moved(rec, Step.READMITTING))
+            self._set(name, self._moved(rec, Stage.READMITTING))
             return True
         result = self._converge(name, obs, previous, storage_fingerprint(previous))
         if result == _DONE:
@@ -257,7 +260,7 @@ class _Planner:
                 self.state = self.state.model_copy(update={"failure": failure})
         else:
             return False
-        self._set(name, self._moved(self.records[name], Step.READMITTING))
+        self._set(name, self._moved(self.records[name], Stage.READMITTING))
         return True
 
     def _readmitting(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
@@ -336,7 +339,7 @@ class _Planner:
             self._event("Warning", "BackendSwapFailed", clip_message(
                 f"pod {name}: {cause}: {message}; restoring {back_to}. The rollout stops until the storage target "
                 "changes"), name)
-        self._set(name, self._moved(rec, Step.ROLLING_BACK))
+        self._set(name, self._moved(rec, Stage.ROLLING_BACK))
 
     # ---------------------------------------------------------------- pods without records
 
@@ -346,7 +349,7 @@ class _Planner:
                 continue
             previous = obs.backend.to_config() if obs.reachable else None
             needs_swap = obs.reachable and not config_matches(obs.backend, self.target) and not obs.start_failure
-            rec = PodSwap(uid=obs.uid, step=Step.DRAINING, since=self.now, acted_at=self.now,
+            rec = PodSwap(uid=obs.uid, stage=Stage.DRAINING, since=self.now, acted_at=self.now,
                           previous=previous.canonical() if previous is not None else None)
             if needs_swap and not self.failed:
                 self._in_progress()
@@ -354,7 +357,7 @@ class _Planner:
                 self._event("Normal", "PodAdopted", f"pod {obs.name} is out of serving with no swap record "
                             "(operator restarted mid-step?); continuing its swap", obs.name)
             else:
-                rec = self._moved(rec, Step.READMITTING)
+                rec = self._moved(rec, Stage.READMITTING)
                 self._act(obs.name, rec, SetServingGate(obs.name, obs.uid, True, runs=_runs(obs)))
 
     def _start_and_admit(self, live: list[PodObservation]) -> None:
@@ -380,7 +383,7 @@ class _Planner:
     def _start(self, obs: PodObservation) -> None:
         self._in_progress()
         previous = obs.backend.to_config()
-        rec = PodSwap(uid=obs.uid, step=Step.DRAINING, since=self.now, acted_at=self.now,
+        rec = PodSwap(uid=obs.uid, stage=Stage.DRAINING, since=self.now, acted_at=self.now,
                       previous=previous.canonical() if previous is not None else None)
         self._act(obs.name, rec, SetServingGate(obs.name, obs.uid, False))
         self._event("Normal", "PodDraining", f"taking pod {obs.name} out of serving to swap its storage backend "
@@ -392,7 +395,7 @@ class _Planner:
 
     # ---------------------------------------------------------------- summary
 
-    def _finish(self, live: list[PodObservation]) -> Plan:
+    def _finish(self, live: list[PodObservation]) -> SwapPlan:
         matching = [o for o in live if o.reachable and config_matches(o.backend, self.target)]
         unattached = {o.name: o.start_failure for o in live if o.start_failure and o not in matching
                       and o.name not in self.records}
@@ -418,7 +421,7 @@ class _Planner:
             "unattached": dict(sorted(unattached.items(), key=lambda kv: natural_key(kv[0]))),
         })
         pending = bool(self.records or self.actions or (not self.failed and (mismatched or unknown)))
-        return Plan(
+        return SwapPlan(
             state=self.state,
             actions=self.actions,
             events=self.events,
@@ -428,30 +431,30 @@ class _Planner:
 
     def _conditions(self, mismatched, unknown, live) -> list[Condition]:
         state = self.state
-        no_failure = Condition(FAILED_CONDITION, "False", "NoFailure", "")
+        no_failure = condition(SWAP_FAILED, "False", "NoFailure", "")
         if state.phase is Phase.FAILED:
             failure = state.failure or Failure(pod="?", cause="Unknown", message="no failure recorded", at=self.now)
             return [
-                Condition(IN_PROGRESS_CONDITION, "False", "Failed", f"stopped by pod {failure.pod} ({failure.cause})"),
-                Condition(FAILED_CONDITION, "True", failure.cause, f"pod {failure.pod}: {failure.message}"),
+                condition(SWAP_IN_PROGRESS, "False", "Failed", f"stopped by pod {failure.pod} ({failure.cause})"),
+                condition(SWAP_FAILED, "True", failure.cause, f"pod {failure.pod}: {failure.message}"),
             ]
         if state.phase is Phase.COMPLETE and state.unattached:
-            return [Condition(IN_PROGRESS_CONDITION, "False", "StorageUnavailable", clip_message(
+            return [condition(SWAP_IN_PROGRESS, "False", "StorageUnavailable", clip_message(
                 f"not swapped: {', '.join(state.unattached)} could not attach {self.target.backend} when started "
                 "and serve from L1+L2")), no_failure]
         if state.phase is Phase.COMPLETE:
-            return [Condition(IN_PROGRESS_CONDITION, "False", "Complete",
+            return [condition(SWAP_IN_PROGRESS, "False", "Complete",
                               f"all pods run {self.target.describe()}"), no_failure]
         summary = f"{state.progress} pods run {self.target.backend}"
         if self.records or mismatched:
-            busy = ", ".join(f"{n} ({r.step.value})" for n, r in state.pods.items()) or "none yet"
-            return [Condition(IN_PROGRESS_CONDITION, "True", "Swapping", f"{summary}; in progress: {busy}"), no_failure]
+            busy = ", ".join(f"{n} ({r.stage.value})" for n, r in state.pods.items()) or "none yet"
+            return [condition(SWAP_IN_PROGRESS, "True", "Swapping", f"{summary}; in progress: {busy}"), no_failure]
         waiting = [f"{o.name} (runtime: {o.runtime_error or 'no answer'})" for o in unknown]
         waiting += [f"{o.name} (not serving)" for o in live if o.reachable and not o.available]
         absent = self._absent(live)
         if absent:
             waiting.append(f"{absent} absent pod(s)")
-        return [Condition(IN_PROGRESS_CONDITION, "Unknown", "WaitingForPods",
+        return [condition(SWAP_IN_PROGRESS, "Unknown", "WaitingForPods",
                           clip_message(f"{summary}; waiting for {', '.join(waiting)}")), no_failure]
 
     # ---------------------------------------------------------------- helpers
@@ -481,8 +484,8 @@ class _Planner:
     def _timed_out(self, rec: PodSwap) -> bool:
         return self._elapsed(rec) > self.settings.drain_timeout_seconds
 
-    def _moved(self, rec: PodSwap, step: Step) -> PodSwap:
-        return rec.model_copy(update={"step": step, "since": self.now, "toward": None, "calls": 0,
+    def _moved(self, rec: PodSwap, stage: Stage) -> PodSwap:
+        return rec.model_copy(update={"stage": stage, "since": self.now, "toward": None, "calls": 0,
                                       "last_call": None, "error": None, "fatal": False})
 
     def _set(self, name: str, rec: PodSwap) -> None:

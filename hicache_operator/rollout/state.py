@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal, Mapping
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
+from pydantic import AliasChoices, AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 from pydantic.alias_generators import to_camel
 
 
@@ -25,7 +25,7 @@ class _StatusModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
-class Step(str, Enum):
+class Stage(str, Enum):
     """Where one pod is in its swap (see the package README for the diagram)."""
 
     DRAINING = "Draining"  # serving gate False; waiting for endpoint not ready and runtime idle
@@ -36,8 +36,9 @@ class Step(str, Enum):
 
 class PodSwap(_StatusModel):
     uid: str
-    step: Step
-    since: AwareDatetime  # entered `step`; the step's timeout counts from here
+    # read from "step" too: the field's name in records written by earlier releases of the operator
+    stage: Stage = Field(validation_alias=AliasChoices("stage", "step"))
+    since: AwareDatetime  # entered `stage`; the stage's timeout counts from here
     acted_at: AwareDatetime  # last action for this pod; observations not after it are stale
     previous: dict[str, Any] | None = None  # canonical config to restore; None = unknown
     toward: str | None = None  # fingerprint the runtime calls below aimed at

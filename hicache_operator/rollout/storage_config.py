@@ -37,27 +37,29 @@ HOSTNAME_KEYS = frozenset({"local_hostname"})
 _MESSAGE_LIMIT = 300
 
 
-def _hostname_paths(value: Any, path: str = "") -> list[str]:
+def hostname_paths(value: Any, path: str = "") -> list[str]:
+    """Where ``value`` names a hostname (a key of ``HOSTNAME_KEYS``, at any depth)."""
     found: list[str] = []
     if isinstance(value, Mapping):
         for key, item in value.items():
             where = f"{path}.{key}" if path else str(key)
             if str(key).lower() in HOSTNAME_KEYS:
                 found.append(where)
-            found.extend(_hostname_paths(item, where))
+            found.extend(hostname_paths(item, where))
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            found.extend(_hostname_paths(item, f"{path}[{i}]"))
+            found.extend(hostname_paths(item, f"{path}[{i}]"))
     return found
 
 
-def _without_hostnames(value: Any) -> Any:
+def without_hostnames(value: Any) -> Any:
+    """``value`` with every hostname key removed, at any depth."""
     if isinstance(value, Mapping):
         return {
-            k: _without_hostnames(v) for k, v in value.items() if str(k).lower() not in HOSTNAME_KEYS
+            k: without_hostnames(v) for k, v in value.items() if str(k).lower() not in HOSTNAME_KEYS
         }
     if isinstance(value, list):
-        return [_without_hostnames(v) for v in value]
+        return [without_hostnames(v) for v in value]
     return value
 
 
@@ -88,7 +90,7 @@ class StorageConfig(BaseModel):
             _canonical_json(value)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"extra_config must be plain JSON (objects, lists, strings, finite numbers): {exc}") from None
-        paths = _hostname_paths(value)
+        paths = hostname_paths(value)
         if paths:
             raise ValueError(
                 f"extra_config must not carry a hostname ({', '.join(paths)}): each pod registers as its own node "
@@ -212,7 +214,7 @@ class ReportedBackend(BaseModel):
     def comparable_extra(self) -> dict[str, Any] | None:
         if self.extra_config_unreadable:
             return None
-        return _without_hostnames(self.extra_config or {})
+        return without_hostnames(self.extra_config or {})
 
     def to_config(self) -> StorageConfig | None:
         """What to restore in a rollback; a hostname is dropped because the

@@ -1,5 +1,5 @@
 """The operator's touch of a client Service whose EndpointSlice sits on a readiness flip
-(``hicache_operator.endpoint_lag``), against the real API server: the annotation lands, the
+(``hicache_operator.rollout.endpoint_lag``), against the real API server: the annotation lands, the
 operator's own apply of the Service leaves it alone, and a deployment no longer in a swap is not
 looked at. What the watches show is given directly (the stale-cache refusal it answers cannot be
 provoked on demand)."""
@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_operator import endpoint_lag, handlers, labels, metrics, render
+from hicache_operator import labels, metrics, render
+from hicache_operator.controller import Controller
 from hicache_operator.kube import Kube
+from hicache_operator.rollout import endpoint_lag
 from tests.e2e.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -19,27 +21,26 @@ def annotation(core, name: str) -> str | None:
     return (core.read_namespaced_service(name, NS).metadata.annotations or {}).get(labels.ENDPOINTS_RESYNC)
 
 
-def test_an_unpublished_flip_touches_the_client_service_and_the_apply_keeps_the_touch(cluster, monkeypatch):
+def test_an_unpublished_flip_touches_the_client_service_and_the_apply_keeps_the_touch(cluster):
     from kubernetes import client
     api = cluster.api_client()
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": NS}})
     kube = Kube(api)
-    monkeypatch.setattr(handlers.controller, "kube", kube)  # what _kube() hands the touch to
     service = render.service(render.Owner("fleet", NS, "no-owner"))
     del service["metadata"]["ownerReferences"]  # no real owner here: the garbage collector would take it
     kube.apply(service)
     name = service["metadata"]["name"]
 
-    ctl = handlers.Controller()
+    ctl = Controller(kube=kube)
     key = (NS, "fleet")
     back = {"metadata": {"name": "fleet-0"},
             "status": {"podIP": "10.0.0.7", "conditions": [{"type": "Ready", "status": "True"}]}}
-    ctl.pod_index, ctl.slice_index = {key: [back]}, {(NS, name): [{"10.0.0.7": False}]}
+    ctl.informers.pods, ctl.informers.slices = {key: [back]}, {(NS, name): [{"10.0.0.7": False}]}
     ctl.swapping.add(key)
     before = metrics.ENDPOINT_RESYNCS._value.get()
 
-    ctl.lag_dirty.add(key)
+    ctl.touches.dirty(key)
     ctl.check_endpoint_lag(100.0)
     ctl.check_endpoint_lag(100.0 + endpoint_lag.AFTER / 2)
     assert annotation(core, name) is None  # within the grace: the controller gets its chance
@@ -51,8 +52,8 @@ def test_an_unpublished_flip_touches_the_client_service_and_the_apply_keeps_the_
     assert annotation(core, name) is not None
 
     ctl.swapping.discard(key)  # the swap is over: nothing is looked at, the watch is dropped
-    ctl.lag_dirty.add(key)
+    ctl.touches.dirty(key)
     ctl.check_endpoint_lag(200.0)
-    assert key not in ctl.lag_watches
+    assert not ctl.touches.watching(key)
     assert metrics.ENDPOINT_RESYNCS._value.get() == before + 1
     core.delete_namespace(NS)

@@ -1,5 +1,5 @@
 """The operator's background poll of a drained pod whose runtime still runs a request
-(``swap.watch_drains``), against a real runtime process over HTTP: no "drained" while the
+(``rollout.act.drains.Drains.watch``), against a real runtime process over HTTP: no "drained" while the
 request runs, one as soon as it ends, with a read a swap step may use instead of its own GET."""
 
 from __future__ import annotations
@@ -10,8 +10,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hicache_operator import swap
+from concurrent.futures import ThreadPoolExecutor
+
 from hicache_operator.flags import RUNTIME_PORT
+from hicache_operator.rollout.act.drains import Drains
+from hicache_operator.rollout.act.views import ViewCache
 from tests.e2e.helpers import wait_for
 
 from tests.integration.runtime.conftest import ADMIN_KEY
@@ -45,10 +48,10 @@ def running_request(server):
     return close
 
 
-def test_a_busy_drain_is_reported_once_its_request_ends_with_a_read_the_step_can_use(pod, monkeypatch):
+def test_a_busy_drain_is_reported_once_its_request_ends_with_a_read_the_step_can_use(pod):
     server, body = pod
     fleet = ("ns", "drain-watch")
-    monkeypatch.setitem(swap._ADMIN_KEYS, fleet, ADMIN_KEY)
+    drains = Drains(ViewCache(), ThreadPoolExecutor(1))
     acted = datetime.now(timezone.utc) - timedelta(seconds=1)  # the pod's take-out, before the poll
     close = running_request(server)
     drained, looks = threading.Event(), []
@@ -56,37 +59,37 @@ def test_a_busy_drain_is_reported_once_its_request_ends_with_a_read_the_step_can
     def still_out(p: dict) -> bool:
         looks.append(p["metadata"]["uid"])
         return True
-    swap.watch_drains(fleet, [body], still_out, drained.set)
-    swap.watch_drains(fleet, [body], still_out, drained.set)  # already polled: not a second poll
+    drains.watch(fleet, [body], ADMIN_KEY, still_out, drained.set)
+    drains.watch(fleet, [body], ADMIN_KEY, still_out, drained.set)  # already polled: not a second poll
 
     def busy_read_seen() -> bool:
-        last = swap.VIEWS.last(fleet, body["metadata"]["uid"], body["status"]["podIP"])
+        last = drains.views.last(fleet, body["metadata"]["uid"], body["status"]["podIP"])
         return last is not None and last.view.in_flight == 1
     wait_for(busy_read_seen, timeout=30, interval=0.02, what="a read of the busy runtime")
     assert not drained.is_set()
-    assert swap._drained_read(fleet, body, acted) is None  # busy: the step would only wait
+    assert drains.usable_read(fleet, body, acted) is None  # busy: the step would only wait
     close.set()
     wait_for(drained.is_set, timeout=30, interval=0.02, what="the drain reported")
-    read = swap._drained_read(fleet, body, acted)
+    read = drains.usable_read(fleet, body, acted)
     assert read is not None and read.view.in_flight == 0 and read.view.backend is not None
     assert set(looks) == {body["metadata"]["uid"]}
-    wait_for(lambda: (fleet, body["metadata"]["uid"]) not in swap._DRAINS.polled, timeout=10, what="released")
+    wait_for(lambda: not drains.polling(fleet, body["metadata"]["uid"]), timeout=10, what="released")
 
 
-def test_a_pod_no_longer_out_of_serving_is_dropped_without_a_report(pod, monkeypatch):
+def test_a_pod_no_longer_out_of_serving_is_dropped_without_a_report(pod):
     server, body = pod
     fleet = ("ns", "drain-watch-readmitted")
-    monkeypatch.setitem(swap._ADMIN_KEYS, fleet, ADMIN_KEY)
+    drains = Drains(ViewCache(), ThreadPoolExecutor(1))
     close = running_request(server)
     try:
         out = threading.Event()
         out.set()
         drained = threading.Event()
-        swap.watch_drains(fleet, [body], lambda p: out.is_set(), drained.set)
-        wait_for(lambda: swap.VIEWS.last(fleet, body["metadata"]["uid"], body["status"]["podIP"]) is not None,
+        drains.watch(fleet, [body], ADMIN_KEY, lambda p: out.is_set(), drained.set)
+        wait_for(lambda: drains.views.last(fleet, body["metadata"]["uid"], body["status"]["podIP"]) is not None,
                  timeout=30, interval=0.02, what="a read while out of serving")
         out.clear()  # readmitted (or replaced): no read may stand for "drained" any more
-        wait_for(lambda: (fleet, body["metadata"]["uid"]) not in swap._DRAINS.polled, timeout=10, what="dropped")
+        wait_for(lambda: not drains.polling(fleet, body["metadata"]["uid"]), timeout=10, what="dropped")
         assert not drained.is_set()
     finally:
         close.set()

@@ -6,7 +6,7 @@ import pytest
 from op_helpers import body, gpu_node
 
 from hicache_operator import __main__ as cli
-from hicache_operator import nodecache
+from hicache_operator.informers import nodes as nodecache
 from hicache_operator.reconcile import event_reason, finding_events, plan
 
 DRAM = {"image": "img", "parallelism": {"tp": 8},
@@ -15,7 +15,7 @@ DRAM = {"image": "img", "parallelism": {"tp": 8},
 
 def test_pinned_sizing_is_reused_across_node_changes_so_pods_do_not_restart():
     first = plan(body(DRAM), [gpu_node("a", "1Ti")])
-    status = {"sizing": first.desired.sizing}
+    status = {"sizing": first.desired.sizing.dump()}
     # A bigger node joins and the small one is replaced: same spec, same sizing, same restart hash.
     later = plan(body(DRAM, status=status), [gpu_node("b", "2Ti")])
     assert later.desired.sizing == first.desired.sizing
@@ -26,16 +26,17 @@ def test_pinned_sizing_is_reused_across_node_changes_so_pods_do_not_restart():
     assert swapped.desired.sizing == first.desired.sizing
     # Changing what sizing depends on re-sizes from the current nodes.
     resized = plan(body({**DRAM, "parallelism": {"tp": 4}}, status=status), [gpu_node("b", "2Ti")])
-    assert resized.desired.sizing["smallestNode"] == "b"
+    assert resized.desired.sizing.smallest_node == "b"
 
 
 def test_effective_config_lists_args_hashes_and_rules():
     p = plan(body({"image": "img", "hicache": {"memLayout": "page_first", "ioBackend": "direct"}}), [gpu_node("n")])
     eff = p.desired.effective_config
-    assert eff["hicache"]["memLayout"] == "page_first_direct"
-    assert eff["normalisations"][0]["rule"] == "page-first-direct-io"
-    assert "--hicache-mem-layout" in eff["args"] and eff["restartHash"] == p.desired.restart_hash
-    assert eff["command"] == ["python", "-m", "cache_runtime", "serve"]
+    assert eff.hicache["memLayout"] == "page_first_direct"
+    assert eff.normalisations[0].rule == "page-first-direct-io"
+    assert "--hicache-mem-layout" in eff.args and eff.restart_hash == p.desired.restart_hash
+    assert eff.command == ["python", "-m", "cache_runtime", "serve"]
+    assert eff.dump()["restartHash"] == p.desired.restart_hash  # what status.effectiveConfig carries
 
 
 def test_invalid_plan_renders_nothing_and_events_name_the_rule():

@@ -8,6 +8,7 @@ from op_helpers import body, gpu_node
 
 from hicache_operator import labels, render
 from hicache_operator.reconcile import plan
+from hicache_operator.rollout import attach_payload
 
 MOONCAKE = {"backend": "mooncake", "mooncake": {"masterAddress": "m:50051", "protocol": "tcp",
                                                 "globalSegmentSize": "4gb"}}
@@ -105,7 +106,12 @@ def test_no_hostname_in_the_shared_config():
     p, kids = children({"hicache": {"storage": {**MOONCAKE, "extraConfig": {"local_hostname": "node-a"}}}})
     text = kids["ConfigMap"]["data"]["extra_config.json"]
     assert "local_hostname" not in text and "node-a" not in text
-    assert "local_hostname" not in render.attach_body(p.outcome.spec)["hicache_storage_backend_extra_config_json"]
+    payload = attach_payload(render.storage_config(p.outcome.spec))
+    assert "local_hostname" not in payload["hicache_storage_backend_extra_config_json"]
+    nested, _ = children({"hicache": {"storage": {**MOONCAKE, "extraConfig": {"x": [{"Local_Hostname": "node-b"}]}}}})
+    assert "node-b" not in attach_payload(render.storage_config(nested.outcome.spec))["hicache_storage_backend_extra_config_json"]
+    assert "x[0].Local_Hostname removed" in next(f.message for f in nested.outcome.findings
+                                                 if f.rule == "extra-config-local-hostname")
 
 
 def test_restart_hash_ignores_storage_but_not_other_changes():
@@ -145,7 +151,7 @@ def test_process_backed_annotation_is_opt_in():
 def test_memory_request_from_sizing_and_user_values_kept():
     p, kids = children({"hicache": {"hostPool": {"sizeGBPerRank": 4}}, "resources": {"requests": {"cpu": "2"}}})
     res = pod_spec(kids)["containers"][0]["resources"]
-    assert res["requests"]["memory"] == res["limits"]["memory"] == p.desired.sizing["podMemory"]
+    assert res["requests"]["memory"] == res["limits"]["memory"] == p.desired.sizing.pod_memory
     assert res["requests"]["cpu"] == "2"
 
 

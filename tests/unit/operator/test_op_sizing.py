@@ -61,7 +61,7 @@ def test_toleration_operators():
 def test_from_node_memory_arithmetic_uses_the_smallest_node_and_whole_pages():
     s = spec(model="Qwen/Qwen3-8B", pageSize=64, parallelism={"tp": 8},
              hicache={"hostPool": {"fromNodeMemory": {"fraction": 0.5, "reserveGiB": 8}, "overheadGiB": 4}})
-    rec = sizing.compute(s, [gpu_node("a", "1Ti"), gpu_node("b", "768Gi")])
+    rec = sizing.compute(s, [gpu_node("a", "1Ti"), gpu_node("b", "768Gi")]).dump()
     alloc = 768 * 2**30
     fixed = 4 * 2**30 + 2 * 2**30  # overheadGiB + the default shmGiB; the bundled engine keeps no reserve
     budget = (alloc * 0.5 - 8 * 2**30 - fixed) / 8
@@ -82,13 +82,13 @@ def test_sglang_limit_passes_its_headroom_check_for_every_rank():
     s = spec(engine="sglang", engineVersion="0.5.23", model="Qwen/Qwen3-8B", parallelism={"tp": 4},
              hicache={"hostPool": {"sizeGBPerRank": 20, "overheadGiB": 6, "shmGiB": 3}, "memLayout": "page_first",
                       "storage": {"backend": "mooncake", "extraConfig": {"global_segment_size": "16gb"}}})
-    rec = sizing.compute(s, [gpu_node("a", "2Ti")])
+    rec = sizing.compute(s, [gpu_node("a", "2Ti")]).dump()
     pool = rec["hostPoolBytesPerRank"]
     assert (rec["poolMultiplier"], rec["engineReserveBytes"], rec["mooncakeSegmentBytes"]) == (7, 10 * 2**30, 16 * 2**30)
     usage_last = (6 + 3 + 16) * 2**30 + 3 * pool
     assert (rec["podMemoryBytes"] - usage_last - 10 * 2**30) // 4 == pool
     older = spec(**{**s.dump(), "engineVersion": "0.5.20"})
-    assert sizing.compute(older, [gpu_node("a", "2Ti")])["podMemoryBytes"] == (6 + 3 + 16) * 2**30 + 4 * pool
+    assert sizing.compute(older, [gpu_node("a", "2Ti")]).pod_memory_bytes == (6 + 3 + 16) * 2**30 + 4 * pool
 
 
 def test_from_node_memory_needs_nodes_and_a_shape():
@@ -101,7 +101,7 @@ def test_from_node_memory_needs_nodes_and_a_shape():
         raise AssertionError("sized a model without a shape")
     shaped = spec(model="org/unknown", modelShape={"numLayers": 10, "numKvHeads": 2, "headDim": 64},
                   hicache={"hostPool": {"fromNodeMemory": {}}})
-    assert sizing.compute(shaped, [gpu_node("a")])["bytesPerToken"] == 64 * 2 * 10 * 2 * 2
+    assert sizing.compute(shaped, [gpu_node("a")]).bytes_per_token == 64 * 2 * 10 * 2 * 2
 
 
 def test_pinned_sizing_survives_node_changes_and_reports_no_longer_fits():
@@ -111,9 +111,9 @@ def test_pinned_sizing_survives_node_changes_and_reports_no_longer_fits():
     why = sizing.reevaluate(rec, s, [gpu_node("a", "1Ti"), gpu_node("small", "256Gi")])
     assert why and "small" in why
     assert "0 of 1 node(s) eligible" in sizing.reevaluate(rec, s, [gpu_node("a", gpus=1)])
-    assert sizing.inputs_hash(s) == rec["inputsHash"]
+    assert sizing.inputs_hash(s) == rec.inputs_hash
     resized = spec(parallelism={"tp": 4}, hicache={"hostPool": {"fromNodeMemory": {"fraction": 0.9, "reserveGiB": 0}}})
-    assert sizing.inputs_hash(resized) != rec["inputsHash"]
+    assert sizing.inputs_hash(resized) != rec.inputs_hash
 
 
 def test_storage_changes_do_not_change_the_sizing_inputs():

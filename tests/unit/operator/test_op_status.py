@@ -11,8 +11,10 @@ from op_helpers import body, gpu_node
 from hicache_operator import labels
 from hicache_operator.crdgen import PRINTER_COLUMNS
 from hicache_operator.reconcile import plan
-from hicache_operator.restarts import plan_restarts, resolve_max_unavailable
-from hicache_operator.status import SwapView, build_status, failed, merge_conditions
+from hicache_operator.rollout.gate import CONDITION as SERVING_GATE
+from hicache_operator.rollout.restarts import plan_restarts
+from hicache_operator.spec import resolve_max_unavailable
+from hicache_operator.status import SwapView, build_status, failed
 
 STARTED_AT = "2025-01-01T10:00:05Z"
 STORE_DOWN = "StorageUnavailable: mooncake master 10.0.0.9:50051 not reachable within 5.0s"
@@ -41,7 +43,7 @@ def pod(i, d=FILE, *, phase="Running", started=True, ready=True, restart=None, s
     conds = [{"type": "Ready", "status": str(ready)},
              {"type": "ContainersReady", "status": str(ready), "lastTransitionTime": unready_since}]
     if gate is not None:
-        conds.append({"type": labels.SERVING_CONDITION, "status": gate})
+        conds.append({"type": SERVING_GATE, "status": gate})
     return {"metadata": meta, "status": {"phase": phase, "conditions": conds, "containerStatuses": [
         {"name": "runtime", "started": started, "ready": ready, "restartCount": restarts, "state": state}]}}
 
@@ -57,7 +59,7 @@ def swap(in_progress=None, failed_msg=None, records=(), unattached=None):
              {"type": "BackendSwapFailed", "status": "True" if failed_msg else "False",
               "reason": "AttachFailed" if failed_msg else "NoFailure", "message": failed_msg or ""}]
     state = {"phase": "Failed" if failed_msg else "InProgress" if in_progress else "Complete",
-             "pods": {name: {"step": "Draining"} for name in records}, "unattached": unattached or {}}
+             "pods": {name: {"stage": "Draining"} for name in records}, "unattached": unattached or {}}
     return SwapView(state, tuple(conds))
 
 
@@ -235,16 +237,6 @@ def test_restarts_take_unready_stale_pods_free_and_never_held_ones():
     assert plan_restarts([pod(0), pod(1)], FILE.restart_hash, 1, 2) == []
 
 
-def test_transition_time_moves_only_on_flip_and_foreign_conditions_survive():
-    prev = [{"type": "Ready", "status": "True", "lastTransitionTime": "t0"},
-            {"type": "BackendSwapHalted", "status": "True", "lastTransitionTime": "t0"}]
-    new = [{"type": "Ready", "status": "True", "reason": "a", "message": ""},
-           {"type": "Degraded", "status": "False", "reason": "b", "message": ""}]
-    merged = {c["type"]: c for c in merge_conditions(prev, new, 3, "t1")}
-    assert merged["Ready"]["lastTransitionTime"] == "t0" and merged["Degraded"]["lastTransitionTime"] == "t1"
-    assert "BackendSwapHalted" in merged
-
-
 def test_pods_loading_their_model_are_progress_not_degradation():
     d = _desired(replicas=5)
     pods = [pod(0, d), pod(1, d, started=False, ready=False), pending(2, d),
@@ -264,7 +256,7 @@ def test_a_pod_readmitted_after_a_swap_whose_ready_is_not_yet_recomputed_is_not_
     c = conds(derive(desired=FILE, pods=[pod(0), readmitted]))
     assert c["Degraded"]["status"] == "False", c["Degraded"]
     assert (c["Progressing"]["reason"], c["Ready"]["status"]) == ("PodsStarting", "False")
-    next(c for c in readmitted["status"]["conditions"] if c["type"] == labels.SERVING_CONDITION)["status"] = "False"
+    next(c for c in readmitted["status"]["conditions"] if c["type"] == SERVING_GATE)["status"] = "False"
     c = conds(derive(desired=FILE, pods=[pod(0), readmitted]))
     assert c["Degraded"]["message"] == "1 of 2 pod(s) ready; demo-1: held out of serving (hicache.dev/serving False)"
 

@@ -169,7 +169,7 @@ def test_per_rank_size_times_ranks_must_fit_the_smallest_eligible_node():
     msg = out.errors[0].message
     assert "node small" in msg and "at most 33" in msg  # (256 GiB - 10 GiB overhead) / 8 ranks = 33.02 GB
     fits = run(nodes, parallelism={"tp": 8}, hicache={"hostPool": {"sizeGBPerRank": 33}})
-    assert fits.ok and fits.sizing["podMemoryBytes"] <= 256 * 2**30
+    assert fits.ok and fits.sizing.pod_memory_bytes <= 256 * 2**30
     assert not run(nodes, parallelism={"tp": 8}, hicache={"hostPool": {"sizeGBPerRank": 34}}).ok
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_operator.handlers import SWAP_POLL, Controller, pod_identity
+from hicache_operator.controller import SWAP_POLL, Controller
+from hicache_operator.informers import pod_identity
 from hicache_operator.workqueue import Request, WorkQueue
 
 KEY = ("ns", "fleet")
@@ -60,9 +61,15 @@ def test_during_a_swap_only_identity_changes_queue_a_step():
 
 def test_forgetting_a_deployment_forgets_its_pods():
     ctl = Controller()
+    ctl.swapping.add(KEY)
     ctl.pod_event(KEY, "fleet-0", pod_identity(pod()))
-    ctl.untrack(KEY)
-    assert ctl.pod_identities == {}
+    ctl.pod_event(KEY, "fleet-0", pod_identity(pod()))
+    assert len(queued(ctl)) == 1  # the same identity again is no news during a swap
+    ctl.deployment_deleted(KEY, {})
+    assert KEY not in ctl.swapping
+    ctl.swapping.add(KEY)  # a new deployment of the same name, in a swap
+    ctl.pod_event(KEY, "fleet-0", pod_identity(pod()))
+    assert len(queued(ctl)) == 1  # first sight again: nothing of the old one was kept
 
 
 def test_only_readiness_changes_in_the_client_services_slices_queue_a_swap_step():

@@ -6,8 +6,8 @@ from pkg_helpers import CHART, only
 
 from hicache_operator.__main__ import parse_args
 
-# What the operator does with the API, read from hicache_operator/ (kube.py, swap.py,
-# handlers.py) and kopf: (apiGroup, resource) -> verbs. Written out here, not read from
+# What the operator does with the API, read from hicache_operator/ (kube.py, rollout/act/,
+# handlers.py, informers/) and kopf: (apiGroup, resource) -> verbs. Written out here, not read from
 # the chart, so a template change that widens or narrows a permission fails.
 NAMESPACED = {
     ("hicache.dev", "hicachedeployments"): {"get", "list", "watch"},

@@ -32,8 +32,8 @@ from hicache_operator.rollout import (
     plan_step,
     storage_fingerprint,
 )
-from hicache_operator.rollout.follow_through import run_handover, run_step
-from hicache_operator.rollout.runtime_client import BackendError, NotIdle, Unreachable
+from hicache_operator.rollout.passes import run_handover, run_passes
+from hicache_operator.rollout.act.runtime_client import BackendError, NotIdle, Unreachable
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -133,11 +133,11 @@ class SimPod:
 
 class Fleet:
     def __init__(self, n: int, initial: str, *, max_unavailable: int | str = 1, seed: int = 0,
-                 drain_timeout: float = 8.0, flaky: float = 0.0, follow_through: bool = False,
+                 drain_timeout: float = 8.0, flaky: float = 0.0, passes: bool = False,
                  watch_moves: float = 0.0) -> None:
         self.rng = random.Random(seed)
-        self.follow_through = follow_through  # the operator's step: rollout.follow_through.run_step
-        # with follow_through: how often the endpoints catch up while a step runs, before its
+        self.passes = passes  # the operator's step: rollout.passes.run_passes
+        # with passes: how often the endpoints catch up while a step runs, before its
         # handover pass (``run_handover``); a generator of its own keeps other histories as they were
         self.watch_moves, self.watch_rng = watch_moves, random.Random(seed + 1)
         self.clock = T0
@@ -158,7 +158,7 @@ class Fleet:
         self.persisted: dict[str, Any] | None = None
         self.last_plan = None
         self.last_actions: list[Action] = []  # of the last step, all its passes
-        self.last_run = None  # with follow_through: the last step's StepRun
+        self.last_run = None  # with passes: the last step's Passes
         self.rollback_failed: set[str] = set()  # uids
         self.attach_payloads: list[dict[str, Any]] = []
         self.failures_seen: list[str] = []
@@ -260,9 +260,9 @@ class Fleet:
         """One operator pass. crash: ok | drop (actions run, state not
         persisted) | prefix (first `prefix` actions run, then the operator
         dies) | reorder (actions run in a shuffled order). With
-        ``follow_through``, one operator step of up to a few passes
-        (``run_step``); a crash may then come in any of them."""
-        if self.follow_through:
+        ``passes``, one operator step of up to a few passes
+        (``run_passes``); a crash may then come in any of them."""
+        if self.passes:
             return self._step_followed(crash, prefix)
         plan = plan_step(self.target, self.observe(), self.settings, self.persisted, self.clock)
         self.last_plan, self.last_actions = plan, plan.actions
@@ -300,7 +300,7 @@ class Fleet:
                 outcomes.append(self.execute(action))
             if self.watch_moves and any(isinstance(a, (Detach, Attach)) for a in actions):
                 # runtime calls take time: the step's watch may move before the pass returns, and
-                # the step looks at it meanwhile (rollout.follow_through._hand_over)
+                # the step looks at it meanwhile (rollout.passes._hand_over)
                 if self.watch_rng.random() < self.watch_moves:
                     self._endpoints_catch_up()
                 for _ in range(3):
@@ -316,7 +316,7 @@ class Fleet:
 
         async def operator_step():
             watched = (lambda: {pod.name: pod.endpoint_ready for pod in self.pods.values()}) if self.watch_moves else None
-            run = await run_step(self.target, self.observe(), self.settings, self.persisted,
+            run = await run_passes(self.target, self.observe(), self.settings, self.persisted,
                                  clock=clock, execute=execute, reobserve=reobserve, on_plan=note,
                                  endpoint_ready=watched, poll=0)
             if self.watch_moves and self.watch_rng.random() < self.watch_moves:

@@ -12,7 +12,7 @@ from hicache_operator.rollout import (
     ActionOutcome,
     Attach,
     Detach,
-    Plan,
+    SwapPlan,
     ReportedBackend,
     RolloutSettings,
     SetServingGate,
@@ -21,7 +21,7 @@ from hicache_operator.rollout import (
     attach_payload,
     plan_step,
 )
-from hicache_operator.rollout.runtime_client import BackendError, NotIdle, Unauthorized, Unreachable
+from hicache_operator.rollout.act.runtime_client import BackendError, NotIdle, Unauthorized, Unreachable
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 FILE = {"backend": "file", "prefetch_policy": "best_effort", "write_policy": "write_through", "extra_config": {}}
@@ -62,7 +62,7 @@ class Operator:
         self.now = T0
         self.status = None
 
-    def step(self, pods, *, seconds=1.0, errors=None, persist=True) -> Plan:
+    def step(self, pods, *, seconds=1.0, errors=None, persist=True) -> SwapPlan:
         """errors: pod name -> exception raised by that pod's action."""
         self.now += timedelta(seconds=seconds)
         observed = [{"observed_at": self.now - timedelta(milliseconds=1), **p} for p in pods]
@@ -203,7 +203,7 @@ def test_new_pod_with_a_stale_config_is_swapped_before_it_ever_serves_even_with_
     op = Operator(MOONCAKE, max_unavailable=1)
     plan = op.step([pod("c-0", MOONCAKE, ready=False), pod("c-1", FILE, gate=None, ready=None)])
     assert acts(plan) == [("gate", "c-1", False)]
-    assert op.record("c-1")["step"] == "Draining"
+    assert op.record("c-1")["stage"] == "Draining"
 
 
 # ----------------------------------------------------------------------------- the happy path
@@ -225,7 +225,7 @@ def test_one_pod_walks_drain_detach_attach_verify_readmit():
     # drained: a different backend is attached, so detach first
     p = op.step([pod("c-0", FILE, gate=False, ready=False)])
     assert acts(p) == [("detach", "c-0")]
-    assert op.record("c-0")["step"] == "Swapping"
+    assert op.record("c-0")["stage"] == "Swapping"
     p = op.step([pod("c-0", None, gate=False, ready=False)])
     assert p.actions == [Attach("c-0", "uid-c-0", attach_payload(MOONCAKE))]
     p = op.step([pod("c-0", MOONCAKE, gate=False, ready=False)])
@@ -233,7 +233,7 @@ def test_one_pod_walks_drain_detach_attach_verify_readmit():
     assert reasons(p) == ["PodSwapped"]
     # gate True but endpoint not yet ready: still counted as in progress
     p = op.step([pod("c-0", MOONCAKE, gate=True, ready=False)])
-    assert acts(p) == [] and op.record("c-0")["step"] == "Readmitting"
+    assert acts(p) == [] and op.record("c-0")["stage"] == "Readmitting"
     assert p.state.phase.value == "InProgress"
     p = op.step([pod("c-0", MOONCAKE)])
     assert p.state.pods == {} and p.state.phase.value == "Complete"
@@ -437,7 +437,7 @@ def test_crash_after_detach_before_persisting_resumes_with_attach_and_keeps_prev
     op = Operator(MOONCAKE)
     op.step([pod("c-0")])
     op.step([pod("c-0", gate=False, ready=False)], persist=False)  # detach ran; state not saved
-    assert op.record("c-0")["step"] == "Draining"
+    assert op.record("c-0")["stage"] == "Draining"
     plan = op.step([pod("c-0", None, gate=False, ready=False)])
     assert acts(plan) == [("attach", "c-0", "mooncake")]
     assert op.record("c-0")["previous"] == FILE
@@ -456,7 +456,7 @@ def test_orphan_that_needs_nothing_is_readmitted():
     op = Operator(FILE)
     plan = op.step([pod("c-0", gate=False, ready=False)])
     assert acts(plan) == [("gate", "c-0", True)]
-    assert op.record("c-0")["step"] == "Readmitting"
+    assert op.record("c-0")["stage"] == "Readmitting"
 
 
 def test_crash_after_readmission_does_not_take_the_pod_out_again_outside_the_budget():
@@ -482,7 +482,7 @@ def test_observations_not_newer_than_the_last_action_are_ignored():
     op.step([pod("c-0"), pod("c-1")])
     stale = {**pod("c-0", gate=False, ready=False), "observed_at": op.now}
     plan = op.step([stale, pod("c-1")])
-    assert acts(plan) == [] and op.record("c-0")["step"] == "Draining"
+    assert acts(plan) == [] and op.record("c-0")["stage"] == "Draining"
     assert op.record("c-0")["since"] == op.record("c-0")["actedAt"]
 
 
@@ -493,9 +493,9 @@ def test_readmission_completes_on_the_watches_alone_without_a_newer_runtime_read
     op.step([pod("c-0", NONE)])
     op.step([pod("c-0", NONE, gate=False, ready=False)])  # drained: attach
     op.step([pod("c-0", FILE, gate=False, ready=False)])  # verified: gate True
-    assert op.record("c-0")["step"] == "Readmitting"
+    assert op.record("c-0")["stage"] == "Readmitting"
     old_read = {**pod("c-0", FILE, gate=True, ready=False), "observed_at": T0}
-    assert acts(op.step([old_read])) == [] and op.record("c-0")["step"] == "Readmitting"
+    assert acts(op.step([old_read])) == [] and op.record("c-0")["stage"] == "Readmitting"
     plan = op.step([{**pod("c-0", FILE), "observed_at": T0}])
     assert op.record("c-0") is None and plan.state.phase.value == "Complete"
 
@@ -505,7 +505,7 @@ def test_a_record_whose_pod_is_seen_serving_again_is_forgotten_and_the_pod_compe
     op.step([pod("c-0"), pod("c-1")])
     plan = op.step([pod("c-0"), pod("c-1", ready=False)])  # gate patch lost; c-1 went unready meanwhile
     assert acts(plan) == [("gate", "c-1", False)] and op.record("c-0") is None
-    assert op.record("c-1")["step"] == "Draining"
+    assert op.record("c-1")["stage"] == "Draining"
 
 
 def test_unreadable_state_is_discarded_with_a_warning():
@@ -555,7 +555,7 @@ def test_revert_while_draining_readmits_without_runtime_calls():
     op.target = FILE
     plan = op.step([pod("c-0", gate=False, ready=True, running=2), pod("c-1")])
     assert acts(plan) == [("gate", "c-0", True)]
-    assert op.record("c-0")["step"] == "Readmitting"
+    assert op.record("c-0")["stage"] == "Readmitting"
 
 
 def test_revert_swaps_back_pods_already_on_the_new_target():
@@ -570,7 +570,7 @@ def test_new_target_after_failure_sends_a_rolling_back_pod_through_drain_again()
     start_and_drain(op)  # detach
     op.step([pod("c-0", None, gate=False, ready=False)], errors={"c-0": BackendError("400 no", 400)})
     op.step([pod("c-0", None, gate=False, ready=False)], errors={"c-0": Unreachable("boom")})  # rollback attach
-    assert op.record("c-0")["step"] == "RollingBack"
+    assert op.record("c-0")["stage"] == "RollingBack"
     op.target = NONE
     plan = op.step([pod("c-0", None, gate=False, ready=False)])
     assert plan.state.phase.value == "InProgress" and plan.state.failure is None
@@ -622,10 +622,14 @@ def test_state_round_trips_as_small_camel_case_json():
     plan = op.step([pod("c-0"), pod("c-1")])
     status = plan.state.to_status()
     assert set(status) >= {"phase", "target", "targetBackend", "currentBackend", "progress", "startedAt", "pods"}
-    assert set(status["pods"]["c-0"]) >= {"uid", "step", "since", "actedAt", "previous"}
+    assert set(status["pods"]["c-0"]) >= {"uid", "stage", "since", "actedAt", "previous"}
     encoded = json.dumps(status)
     assert len(encoded) < 1000
     assert SwapState.from_status(json.loads(encoded)) == plan.state
+    # a record an earlier operator wrote names its stage "step": a swap in flight resumes
+    earlier = json.loads(encoded)
+    earlier["pods"]["c-0"]["step"] = earlier["pods"]["c-0"].pop("stage")
+    assert SwapState.from_status(earlier) == plan.state
 
 
 def test_apply_outcomes_records_runtime_errors_only_on_the_same_pod_instance():

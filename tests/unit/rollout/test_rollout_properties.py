@@ -7,7 +7,7 @@ pod returns to serving in an intermediate state and no payload carries a
 hostname; at the end, that the fleet settles with every pod serving, and
 that a good target always completes. Each history runs with the operator's
 step as one planner pass, or following a pod through its runtime calls
-(``rollout.follow_through``), as the operator does."""
+(``rollout.passes``), as the operator does."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
                                                   ("outage", "file", 0, "ok", 0)])
 def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target, seed, flaky, history, follow,
                                      watch_moves):
-    fleet = Fleet(n, initial, max_unavailable=max_unavailable, seed=seed, flaky=flaky, follow_through=follow,
+    fleet = Fleet(n, initial, max_unavailable=max_unavailable, seed=seed, flaky=flaky, passes=follow,
                   watch_moves=watch_moves)
     fleet.set_target(first_target)
     for kind, config, index, crash, prefix in history:
@@ -117,7 +117,7 @@ def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target,
     follow=st.booleans(),
 )
 def test_revert_mid_rollout_returns_every_pod_to_the_original(n, max_unavailable, seed, revert_after, follow):
-    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed, follow_through=follow,
+    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed, passes=follow,
                   watch_moves=0.5 if follow else 0.0)
     fleet.set_target("mooncake")
     for _ in range(revert_after):
@@ -134,7 +134,7 @@ def test_revert_mid_rollout_returns_every_pod_to_the_original(n, max_unavailable
 @given(n=st.integers(1, 4), seed=st.integers(0, 2**16), bad=st.sampled_from(["refused", "mangled"]),
        follow=st.booleans())
 def test_bad_target_fails_once_and_restores_the_pod(n, seed, bad, follow):
-    fleet = Fleet(n, "file", max_unavailable=1, seed=seed, follow_through=follow, watch_moves=0.5 if follow else 0.0)
+    fleet = Fleet(n, "file", max_unavailable=1, seed=seed, passes=follow, watch_moves=0.5 if follow else 0.0)
     fleet.set_target(bad)
     plan = fleet.run_until_quiet()
     fleet.check_quiet(plan)

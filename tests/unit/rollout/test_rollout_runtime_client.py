@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from hicache_operator.rollout import ActionOutcome, Detach, PodObservation, attach_payload
-from hicache_operator.rollout.runtime_client import (
+from hicache_operator.rollout.act.runtime_client import (
     BackendError,
     BadResponse,
     Load,

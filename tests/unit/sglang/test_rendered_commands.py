@@ -99,7 +99,8 @@ def rendered(spec: dict) -> tuple[dict, dict, list[str], dict]:
         raise RefusedForVersion(p.outcome.errors[0].message)
     assert p.desired is not None, [f.message for f in p.outcome.errors]
     container = p.children[-1]["spec"]["template"]["spec"]["containers"][0]
-    return (p.desired.effective_config, p.desired.sizing or {}, sglang_oracle.container_argv(container, POD_IP),
+    sized = p.desired.sizing.dump() if p.desired.sizing is not None else {}
+    return (p.desired.effective_config.dump(), sized, sglang_oracle.container_argv(container, POD_IP),
             sglang_oracle.container_env(container, POD_IP))
 
 

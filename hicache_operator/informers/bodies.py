@@ -1,9 +1,9 @@
 """The newest HiCacheDeployment body seen per key: from the watch, and from our own status writes.
 
-Why: a reconcile used to start with a GET of the object, which at fleet scale was the operator's
-most frequent API call (every pod event of every deployment) and, during a backend swap, sat on
-the path between one pod's endpoint turning ready and the next pod's drain. The watch already
-delivers every version, so reconciles read from here (the client-go informer pattern).
+A GET of the object per reconcile would be the operator's most frequent API call at fleet scale
+(every pod event of every deployment) and, during a backend swap, would sit on the path between
+one pod's endpoint turning ready and the next pod's drain. The watch already delivers every
+version, so reconciles read from here (the client-go informer pattern).
 
 Why it is safe to plan from it: the status, where swap progress lives, is written only by this
 operator, and each write's response (the object as stored) is offered here at once, so a worker

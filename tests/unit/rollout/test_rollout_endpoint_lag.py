@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hicache_operator.endpoint_lag import AFTER, FIRST_INTERVAL, MAX_INTERVAL, SETTLE, LagWatch, unpublished
+from hicache_operator.rollout.endpoint_lag import AFTER, FIRST_INTERVAL, MAX_INTERVAL, SETTLE, LagWatch, unpublished
 
 
 def pod(name: str, ip: str | None, ready: bool, deleting: bool = False) -> dict:

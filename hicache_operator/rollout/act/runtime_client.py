@@ -3,8 +3,7 @@
 The bundled runtime and ``sglang.launch_server`` expose the same routes and
 auth (``Authorization: Bearer <admin key>``), so one client serves both. Load
 comes from ``GET /metrics`` (SGLang's gauges; the sglang engine must run with
-``--enable-metrics``) rather than the bundled-only ``/load``, for the same
-reason. Timeouts are short: the planner re-observes every few seconds, so a
+``--enable-metrics``), which both engines serve. Timeouts are short: the planner re-observes every few seconds, so a
 slow pod is better reported Unreachable than waited on.
 
 Errors map to a few exception types whose ``retryable`` tells the planner
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .storage_config import ReportedBackend, clip_message
+from ..storage_config import ReportedBackend, clip_message
 
 STORAGE_BACKEND_PATH = "/hicache/storage-backend"
 RUNNING_METRIC = "sglang:num_running_reqs"

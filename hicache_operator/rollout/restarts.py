@@ -7,10 +7,11 @@ whose serving gate is False (being swapped) is never deleted and counts as unava
 
 from __future__ import annotations
 
-
 from hicache_operator import labels
+from hicache_operator.pods import pod_is_ready, pod_is_terminating
 from hicache_operator.spec import resolve_max_unavailable
-from hicache_operator.status import pod_is_ready, pod_is_terminating
+
+from .gate import serving_gate
 
 
 def _ordinal(pod: dict) -> int:
@@ -29,8 +30,7 @@ def restart_hash_of(pod: dict) -> str | None:
 
 def is_held(pod: dict) -> bool:
     """Taken out of serving by the backend-swap planner (its serving gate is False)."""
-    return any(c.get("type") == labels.SERVING_CONDITION and c.get("status") == "False"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return serving_gate(pod) is False
 
 
 def plan_restarts(pods: list[dict], restart_hash: str, max_unavailable: int | str, replicas: int) -> list[str]:

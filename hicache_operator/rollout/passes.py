@@ -1,14 +1,12 @@
-"""One swap step that follows a pod through its runtime calls: detach, attach, verify, readmit;
-and, while its calls are in flight (``_hand_over``) and at its end (``run_handover``), hands the
-slots of readmissions it saw finish to the next pods.
+"""One swap step as several planner passes: it follows a pod through its runtime calls (detach,
+attach, verify, readmit) and, while its calls are in flight (``_hand_over``) and at its end
+(``run_handover``), hands the slots of readmissions it saw finish to the next pods.
 
-Why: the planner asks for at most one runtime call per pod per pass, and verifies each by the
-next pass's GET. Run as one pass per operator step, a drained pod needed three or four steps
-(detach, attach, verify + readmit), each paying a status write, a work-queue round trip and
-the runtime reads of every pod in flight; with eight pods out at once, those steps queued
-behind one another and were most of a swap's wall time. Here, when a pass's runtime call
-succeeds, only that pod's runtime is read again at once and the planner runs again on that
-fresh read, so a drained pod is detached, attached, verified and readmitted in one step.
+The planner asks for at most one runtime call per pod per pass and verifies each by the next
+pass's GET. One pass per operator step would cost a drained pod three or four steps, each with a
+status write, a work-queue round trip and the reads of every pod in flight. So when a pass's
+runtime call succeeds, only that pod's runtime is read again at once and the planner runs again
+on that fresh read: a drained pod is detached, attached, verified and readmitted in one step.
 
 What keeps this as safe as one pass per step:
 
@@ -36,10 +34,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from .actions import Action, ActionOutcome, Attach, Detach, Event, Plan, SetServingGate, apply_outcomes
+from .actions import Action, ActionOutcome, Attach, Detach, Event, SwapPlan, SetServingGate, apply_outcomes
 from .observation import PodObservation, RolloutSettings
 from .planner import plan_step
-from .state import InvalidSwapState, PodSwap, Step, SwapState
+from .state import InvalidSwapState, PodSwap, Stage, SwapState
 from .storage_config import StorageConfig
 
 # detach -> attach -> verify (+ readmit): three passes carry a pod from drained to readmitted;
@@ -56,11 +54,11 @@ HANDOVER_POLL_SECONDS = 0.02
 
 
 @dataclass
-class StepRun:
+class Passes:
     """What one step did: ``state`` (outcomes applied) is what to persist; ``plan`` is the
     last pass's (its conditions and requeue hint are current)."""
 
-    plan: Plan
+    plan: SwapPlan
     state: SwapState
     actions: list[Action] = field(default_factory=list)
     outcomes: list[ActionOutcome] = field(default_factory=list)
@@ -69,12 +67,12 @@ class StepRun:
     observed: dict[str, PodObservation] = field(default_factory=dict)
 
 
-async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequence[PodObservation],
+async def run_passes(target: StorageConfig | Mapping[str, Any], observations: Sequence[PodObservation],
                    settings: RolloutSettings, state: SwapState | Mapping[str, Any] | None, *,
                    clock: Callable[[], datetime], execute: Execute, reobserve: Reobserve,
-                   on_plan: Callable[[Plan], None] | None = None, max_passes: int = MAX_PASSES,
+                   on_plan: Callable[[SwapPlan], None] | None = None, max_passes: int = MAX_PASSES,
                    endpoint_ready: EndpointReady | None = None,
-                   poll: float = HANDOVER_POLL_SECONDS) -> StepRun:
+                   poll: float = HANDOVER_POLL_SECONDS) -> Passes:
     """Plan and act, and again for the pods whose runtime call just succeeded (re-read by
     ``reobserve``), up to ``max_passes`` times. ``clock`` gives the planner's ``now`` for each
     pass; ``execute`` runs one pass's actions (at most one per pod) and never raises; ``on_plan``
@@ -84,7 +82,7 @@ async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequ
     ``poll`` seconds and the slots of readmissions it shows finished go to the next pods at once
     (``_hand_over``)."""
     seen = {o.name: o for o in observations}
-    run: StepRun | None = None
+    run: Passes | None = None
     prior: SwapState | Mapping[str, Any] | None = state
     persisted = _persisted_records(state)
     for _ in range(max(1, max_passes)):
@@ -101,7 +99,7 @@ async def run_step(target: StorageConfig | Mapping[str, Any], observations: Sequ
                                         handed, clock=clock, execute=execute, on_plan=on_plan, poll=poll)
         prior = merged = handed.merge(apply_outcomes(plan.state, outcomes))
         if run is None:
-            run = StepRun(plan=plan, state=prior)
+            run = Passes(plan=plan, state=prior)
         run.plan, run.state, run.passes = plan, prior, run.passes + 1
         run.actions += plan.actions + handed.actions
         run.outcomes += outcomes + handed.outcomes
@@ -141,15 +139,14 @@ def _still_draining(state: SwapState, persisted: Mapping[str, str], seen: Mappin
                     called: Sequence[str]) -> list[str]:
     """Pods to read again with the ones just called: drains that waited on requests in flight.
 
-    Why: a pod whose endpoint had just turned not ready still ran the requests routed to it
-    before, so its step found it busy and only waited; the step's other pods then held the
-    deployment for their calls (0.3-0.7 s with eight pods out) while that drain ended, and the
-    pod waited for the next step. Read again after the pass, the planner sees it idle and swaps
-    it in this step. Only records persisted before the step (a runtime is touched only under a
+    A pod whose endpoint just turned not ready may still run requests routed to it before; its
+    drain can end while the step's other pods' calls run (0.3-0.7 s with eight pods out). Read
+    again after the pass, the planner sees it idle and swaps it in this step rather than the
+    next. Only records persisted before the step (a runtime is touched only under a
     persisted record), of pods out of serving whose endpoint the watch shows not ready: a read
     made now sees every request that will ever reach them."""
     return [name for name, rec in state.pods.items()
-            if rec.step is Step.DRAINING and persisted.get(name) == rec.uid and name not in called
+            if rec.stage is Stage.DRAINING and persisted.get(name) == rec.uid and name not in called
             and name in seen and seen[name].uid == rec.uid and seen[name].serving_gate is False
             and seen[name].endpoint_ready is False and not (seen[name].idle and seen[name].observed_at > rec.acted_at)]
 
@@ -157,11 +154,10 @@ def _still_draining(state: SwapState, persisted: Mapping[str, str], seen: Mappin
 def _watched(seen: Mapping[str, PodObservation], ready: Mapping[str, bool | None]) -> dict[str, PodObservation]:
     """The pods with their endpoints as the watch shows them now.
 
-    Why: a pass plans on the step's observations, and a pod whose endpoint was not ready when
-    the step began (a new or restarted pod) may be ready by a later pass. Counted as unavailable
-    still, it was taken out "for free", one more out of serving than maxUnavailable allows (found
-    by the fleet simulator once its endpoints moved while calls were in flight). The runtime half
-    of each observation, and with it what may be called, is left as it was read."""
+    A pod whose endpoint was not ready when the step began (a new or restarted pod) may be ready
+    by a later pass; still counted as unavailable, it could be taken out "for free", one more
+    out of serving than maxUnavailable allows. The runtime half of each observation, and with
+    it what may be called, is left as it was read."""
     return {name: obs.model_copy(update={"endpoint_ready": ready[name]})
             if name in ready and ready[name] is not obs.endpoint_ready else obs for name, obs in seen.items()}
 
@@ -178,22 +174,22 @@ class _Handed:
 
     def merge(self, state: SwapState) -> SwapState:
         pods = {name: rec for name, rec in state.pods.items()
-                if not (name in self.finished and rec.step is Step.READMITTING)}
+                if not (name in self.finished and rec.stage is Stage.READMITTING)}
         pods.update(self.taken)
         return state.model_copy(update={"pods": pods})
 
 
-async def _hand_over(calls: Awaitable[list[ActionOutcome]], plan: Plan, seen: Mapping[str, PodObservation],
+async def _hand_over(calls: Awaitable[list[ActionOutcome]], plan: SwapPlan, seen: Mapping[str, PodObservation],
                      target: StorageConfig | Mapping[str, Any], settings: RolloutSettings,
                      endpoint_ready: EndpointReady, handed: _Handed, *, clock: Callable[[], datetime],
-                     execute: Execute, on_plan: Callable[[Plan], None] | None, poll: float) -> list[ActionOutcome]:
+                     execute: Execute, on_plan: Callable[[SwapPlan], None] | None, poll: float) -> list[ActionOutcome]:
     """Run a pass's calls; meanwhile, when the watch shows a readmission of this step's state
     finished, take the next pods out under the budget, as the next pass would, without waiting
     for the pass's slowest call. Returns the pass's outcomes; what it did is in ``handed``.
 
-    Why: an attach on a loaded runtime, its verifying read and the gate patches of a pass take
-    0.1-0.3 s; a readmission that finished meanwhile held its slot until the step ended, and
-    with eight pods out at once most steps had one. What keeps it safe: the planner decides, on
+    An attach on a loaded runtime, its verifying read and the gate patches of a pass take
+    0.1-0.3 s, and with eight pods out at once a readmission usually finishes meanwhile; its
+    slot goes to the next pod now rather than when the step ends. What keeps it safe: the planner decides, on
     the pass's own state (its planned records count against the budget; the pass's gate patches
     are taken as done), with the pods' reads as the pass had them (stale for every pod acted on,
     so it only waits on those). Of its plan only this is kept: records of readmissions the watch
@@ -214,7 +210,7 @@ async def _hand_over(calls: Awaitable[list[ActionOutcome]], plan: Plan, seen: Ma
             return pass_calls.result()
         ready = endpoint_ready()
         finished = [name for name, rec in state.pods.items()
-                    if rec.step is Step.READMITTING and ready.get(name) is True and name not in handed.finished
+                    if rec.stage is Stage.READMITTING and ready.get(name) is True and name not in handed.finished
                     and name in view and view[name].serving_gate is True and view[name].endpoint_ready is not True]
         if not finished:
             continue
@@ -224,7 +220,7 @@ async def _hand_over(calls: Awaitable[list[ActionOutcome]], plan: Plan, seen: Ma
                     and a.pod not in state.pods and a.pod not in busy and a.pod in hand.state.pods]
         handed.finished.update(name for name in finished if name not in hand.state.pods)
         taken = {a.pod: hand.state.pods[a.pod] for a in takeouts}
-        pods = {n: r for n, r in state.pods.items() if n not in handed.finished or r.step is not Step.READMITTING}
+        pods = {n: r for n, r in state.pods.items() if n not in handed.finished or r.stage is not Stage.READMITTING}
         state = state.model_copy(update={"pods": {**pods, **taken}})
         if not takeouts:
             continue
@@ -241,15 +237,15 @@ async def _hand_over(calls: Awaitable[list[ActionOutcome]], plan: Plan, seen: Ma
                 view[outcome.action.pod] = view[outcome.action.pod].model_copy(update={"serving_gate": False})
 
 
-async def run_handover(run: StepRun, target: StorageConfig | Mapping[str, Any], settings: RolloutSettings,
+async def run_handover(run: Passes, target: StorageConfig | Mapping[str, Any], settings: RolloutSettings,
                        endpoint_ready: Mapping[str, bool | None], *, clock: Callable[[], datetime],
-                       execute: Execute, on_plan: Callable[[Plan], None] | None = None) -> StepRun:
+                       execute: Execute, on_plan: Callable[[SwapPlan], None] | None = None) -> Passes:
     """One more pass at the end of a step, for the readmissions the step saw finish while it
     ran: their slots go to the next pods now, not in the next step.
 
-    Why: a step lasts 0.5-1.5 s on a loaded fleet, and a pod's endpoint turning ready while it
-    ran waited for it to end, for its status write, and for the next step's observation before
-    the next pod left serving; with eight pods out at once most steps see some. This pass
+    A step lasts 0.5-1.5 s on a loaded fleet; a pod's endpoint that turned ready meanwhile would
+    otherwise wait for the step's end, its status write and the next step's observation before
+    the next pod leaves serving. This pass
     changes one thing in the step's view: pods with a Readmitting record whose endpoint the
     watch (``endpoint_ready``, pod name -> ready, read now) reports ready, with their gate set.
     The planner, on the step's own state, then drops those records, which frees their budget.
@@ -257,7 +253,7 @@ async def run_handover(run: StepRun, target: StorageConfig | Mapping[str, Any], 
     under the same budget rule); a runtime call, for which this view holds no fresh read, leaves
     the step as it was, for the next step to plan."""
     readmitted = [name for name, record in run.state.pods.items()
-                  if record.step is Step.READMITTING and endpoint_ready.get(name) is True
+                  if record.stage is Stage.READMITTING and endpoint_ready.get(name) is True
                   and name in run.observed and run.observed[name].serving_gate is True
                   and run.observed[name].endpoint_ready is not True]
     if not readmitted:
@@ -273,19 +269,18 @@ async def run_handover(run: StepRun, target: StorageConfig | Mapping[str, Any], 
         action = outcome.action
         if outcome.error is None and action.pod in seen:
             seen[action.pod] = seen[action.pod].model_copy(update={"serving_gate": action.serving})
-    return StepRun(plan=plan, state=apply_outcomes(plan.state, outcomes), actions=run.actions + plan.actions,
+    return Passes(plan=plan, state=apply_outcomes(plan.state, outcomes), actions=run.actions + plan.actions,
                    outcomes=run.outcomes + outcomes, events=run.events + plan.events, passes=run.passes + 1,
                    observed=seen)
 
 
-def watch_will_follow(run: StepRun) -> bool:
+def watch_will_follow(run: Passes) -> bool:
     """Whether what this step did will be answered by a watch event that starts the next step,
     so no prompt requeue is needed (the swap poll still comes if the event does not).
 
-    Why: a requeue 50 ms after every step that acted ran before the EndpointSlice event the
-    next step waits for (80-150 ms after a gate patch); that empty step then held the
-    deployment while the event arrived, and the wait it added sat between one pod's readmission
-    and the next pod's drain. An event follows when every action succeeded, the follow-through
+    A requeue 50 ms after a step that acted would run before the EndpointSlice event the next
+    step waits for (80-150 ms after a gate patch), and that empty step would hold the deployment
+    while the event arrives. An event follows when every action succeeded, the follow-through
     was not cut short by ``MAX_PASSES`` (the last pass made no runtime call), and every gate
     patch changes its pod's endpoint: taken out while ready, or admitted while not ready. A gate
     set False on a pod with no ready endpoint changes nothing a watch reports."""

@@ -1,4 +1,4 @@
-"""One operator step follows a drained pod through its runtime calls (``rollout.follow_through``),
+"""One operator step follows a drained pod through its runtime calls (``rollout.passes``),
 on the simulated fleet, which checks as it goes that no runtime is called while its pod is
 routable or before the pod's swap record (its rollback target) was persisted."""
 
@@ -8,9 +8,9 @@ import asyncio
 
 from datetime import timedelta
 
-from hicache_operator.rollout import (Attach, Detach, PodObservation, RolloutSettings, SetServingGate, Step, SwapState,
+from hicache_operator.rollout import (Attach, Detach, PodObservation, RolloutSettings, SetServingGate, Stage, SwapState,
                                       plan_step)
-from hicache_operator.rollout.follow_through import StepRun, run_handover, run_step, watch_will_follow
+from hicache_operator.rollout.passes import Passes, run_handover, run_passes, watch_will_follow
 
 from .rollout_fleet_sim import CONFIGS, Fleet, SimRuntime
 
@@ -29,7 +29,7 @@ def _calls(actions) -> list[tuple[str, str]]:
 
 
 def test_a_drained_pod_is_detached_attached_verified_and_readmitted_in_one_step():
-    fleet = Fleet(1, "file", follow_through=True, seed=3)
+    fleet = Fleet(1, "file", passes=True, seed=3)
     fleet.set_target("mooncake")
     _until(fleet, lambda: _calls(fleet.last_actions))
 
@@ -38,7 +38,7 @@ def test_a_drained_pod_is_detached_attached_verified_and_readmitted_in_one_step(
     assert fleet.last_run.passes == 3
     pod = fleet.pods["cache-0"]
     assert pod.runtime.backend == "mooncake" and pod.gate is True
-    assert fleet.persisted["pods"]["cache-0"]["step"] == "Readmitting"
+    assert fleet.persisted["pods"]["cache-0"]["stage"] == "Readmitting"
     plan = fleet.run_until_quiet()
     assert plan.state.phase.value == "Complete"
 
@@ -56,7 +56,7 @@ def test_a_pod_taken_out_in_this_step_gets_no_runtime_call_in_it():
     """cache-0 is drained and swapped; cache-1, idle and already not routable, is taken out in
     the same step. Its fresh-looking state must not lead to a call before its record (holding
     its rollback target) is persisted: it was not re-read, so the planner waits on it."""
-    fleet = Fleet(2, "file", follow_through=True, seed=1)
+    fleet = Fleet(2, "file", passes=True, seed=1)
     fleet.set_target("mooncake")
     fleet.tick()
     fleet.step()  # cache-0 taken out (maxUnavailable 1)
@@ -73,14 +73,14 @@ def test_a_pod_taken_out_in_this_step_gets_no_runtime_call_in_it():
 
     assert _calls(fleet.last_actions) == [("Detach", "cache-0"), ("Attach", "cache-0")]
     assert any(isinstance(x, SetServingGate) and x.pod == "cache-1" and not x.serving for x in fleet.last_actions)
-    assert fleet.persisted["pods"]["cache-1"]["step"] == "Draining"
+    assert fleet.persisted["pods"]["cache-1"]["stage"] == "Draining"
     assert b.runtime.backend == "file"
     fleet.step()  # the next step may call it: the record is persisted now
     assert ("Detach", "cache-1") in _calls(fleet.last_actions)
 
 
 def test_a_failed_call_ends_the_step_with_the_error_recorded():
-    fleet = Fleet(1, "file", follow_through=True, seed=3)
+    fleet = Fleet(1, "file", passes=True, seed=3)
     fleet.set_target("refused")
     _until(fleet, lambda: ("Attach", "cache-0") in _calls(fleet.last_actions))
 
@@ -94,7 +94,7 @@ def test_a_failed_call_ends_the_step_with_the_error_recorded():
 
 
 def test_a_new_pod_is_admitted_once_while_another_is_swapped():
-    fleet = Fleet(2, "file", follow_through=True, seed=1)
+    fleet = Fleet(2, "file", passes=True, seed=1)
     fleet.set_target("mooncake")
     fleet.tick()
     fleet.step()
@@ -115,7 +115,7 @@ def test_a_new_pod_is_admitted_once_while_another_is_swapped():
 
 def test_a_watch_event_answers_taking_out_a_routable_pod_and_readmitting_a_swapped_one():
     """No prompt requeue after these steps: the EndpointSlice change they cause starts the next."""
-    fleet = Fleet(1, "file", follow_through=True, seed=3)
+    fleet = Fleet(1, "file", passes=True, seed=3)
     fleet.set_target("mooncake")
     fleet.tick()
     fleet.step()
@@ -127,25 +127,25 @@ def test_a_watch_event_answers_taking_out_a_routable_pod_and_readmitting_a_swapp
 
 
 def test_no_watch_event_answers_a_failed_call_a_cut_short_follow_through_or_a_gate_that_moves_no_endpoint():
-    fleet = Fleet(1, "file", follow_through=True, seed=3)
+    fleet = Fleet(1, "file", passes=True, seed=3)
     fleet.set_target("refused")
     _until(fleet, lambda: ("Attach", "cache-0") in _calls(fleet.last_actions))
     assert not watch_will_follow(fleet.last_run)  # the attach failed
 
-    cut = Fleet(1, "file", follow_through=True, seed=3)
+    cut = Fleet(1, "file", passes=True, seed=3)
     cut.set_target("mooncake")
     cut.tick()
     cut.step()  # taken out
     for _ in range(6):  # drained, the operator idle
         cut.tick()
     assert cut.pods["cache-0"].endpoint_ready is False and not cut.pods["cache-0"].busy()
-    run = asyncio.run(run_step(cut.target, cut.observe(), cut.settings, cut.persisted,
+    run = asyncio.run(run_passes(cut.target, cut.observe(), cut.settings, cut.persisted,
                                clock=lambda: cut.clock, execute=_run_on(cut), reobserve=_reread(cut),
                                max_passes=1))
     assert _calls(run.actions) == [("Detach", "cache-0")]
     assert not watch_will_follow(run)  # the follow-through stopped after a runtime call
 
-    idle = Fleet(2, "file", follow_through=True, seed=1, max_unavailable=2)
+    idle = Fleet(2, "file", passes=True, seed=1, max_unavailable=2)
     idle.pods["cache-1"].endpoint_ready = False  # not routable already: taking it out changes no endpoint
     idle.set_target("mooncake")
     idle.step()
@@ -156,7 +156,7 @@ def test_no_watch_event_answers_a_failed_call_a_cut_short_follow_through_or_a_ga
 def test_a_readmission_seen_finished_hands_its_slot_to_the_next_pod_in_the_same_step():
     """maxUnavailable 1: cache-0 is swapped and readmitted; the watch shows its endpoint ready
     before the step ends, so the same step takes cache-1 out (the fleet checks the budget)."""
-    fleet = Fleet(2, "file", follow_through=True, seed=3, watch_moves=1.0)
+    fleet = Fleet(2, "file", passes=True, seed=3, watch_moves=1.0)
     fleet.set_target("mooncake")
     _until(fleet, lambda: _calls(fleet.last_actions))
 
@@ -164,7 +164,7 @@ def test_a_readmission_seen_finished_hands_its_slot_to_the_next_pod_in_the_same_
     gates = [(a.pod, a.serving) for a in fleet.last_actions if isinstance(a, SetServingGate)]
     assert gates == [("cache-0", True), ("cache-1", False)]
     assert fleet.last_run.passes == 4  # detach, attach, verify + readmit, handover
-    assert set(fleet.persisted["pods"]) == {"cache-1"} and fleet.persisted["pods"]["cache-1"]["step"] == "Draining"
+    assert set(fleet.persisted["pods"]) == {"cache-1"} and fleet.persisted["pods"]["cache-1"]["stage"] == "Draining"
     plan = fleet.run_until_quiet()
     fleet.check_quiet(plan)
     assert plan.state.phase.value == "Complete"
@@ -174,13 +174,13 @@ def test_a_handover_pass_that_would_call_a_runtime_is_left_to_the_next_step():
     """The handover view holds no runtime read newer than the step's: a pass asking for a call
     is dropped. Here cache-0 was readmitted by the step and its endpoint is now ready; cache-1,
     drained, has a read newer than its last action that nothing in the step answered."""
-    fleet = Fleet(2, "file", follow_through=True, seed=3, max_unavailable=2)
+    fleet = Fleet(2, "file", passes=True, seed=3, max_unavailable=2)
     fleet.set_target("mooncake")
     fleet.tick()
     fleet.step()  # both taken out, records persisted
     now = fleet.clock + timedelta(seconds=5)
     state = SwapState.from_status(fleet.persisted)
-    readmitting = state.pods["cache-0"].model_copy(update={"step": Step.READMITTING, "acted_at": now})
+    readmitting = state.pods["cache-0"].model_copy(update={"stage": Stage.READMITTING, "acted_at": now})
     state = state.model_copy(update={"pods": {**state.pods, "cache-0": readmitting}})
     a, b = fleet.observe()
     gated = a.model_copy(update={"serving_gate": True, "endpoint_ready": False, "observed_at": now,
@@ -194,8 +194,8 @@ def test_a_handover_pass_that_would_call_a_runtime_is_left_to_the_next_step():
         executed.extend(actions)
         return [fleet.execute(x) for x in actions]
 
-    def handover(cache_1: PodObservation) -> StepRun:
-        run = StepRun(plan=plan, state=state, passes=1, observed={"cache-0": gated, "cache-1": cache_1})
+    def handover(cache_1: PodObservation) -> Passes:
+        run = Passes(plan=plan, state=state, passes=1, observed={"cache-0": gated, "cache-1": cache_1})
         after = asyncio.run(run_handover(run, fleet.target, fleet.settings, {"cache-0": True, "cache-1": False},
                                          clock=lambda: now + timedelta(milliseconds=5), execute=execute))
         return run, after
@@ -223,7 +223,7 @@ def _mid_rollout(ready_cache_0: bool):
     """maxUnavailable 2: cache-0 readmitted (endpoint not yet ready as the step began), cache-1
     drained (its record persisted: the step calls its runtime), cache-2 still to do. The runtime
     call blocks until the step takes cache-2 out, or until the watch was looked at ten times."""
-    fleet = Fleet(3, "file", follow_through=True, seed=3, max_unavailable=2)
+    fleet = Fleet(3, "file", passes=True, seed=3, max_unavailable=2)
     fleet.set_target("mooncake")
     fleet.tick()
     fleet.step()  # cache-0 and cache-1 taken out, records persisted
@@ -232,7 +232,7 @@ def _mid_rollout(ready_cache_0: bool):
     drained.endpoint_ready, drained.in_flight, drained.queued = False, 0, 0
     now = fleet.clock + timedelta(seconds=5)
     state = SwapState.from_status(fleet.persisted)
-    readmitting = state.pods["cache-0"].model_copy(update={"step": Step.READMITTING, "acted_at": now})
+    readmitting = state.pods["cache-0"].model_copy(update={"stage": Stage.READMITTING, "acted_at": now})
     state = state.model_copy(update={"pods": {**state.pods, "cache-0": readmitting}})
     a, b, c = fleet.observe()
     later = now + timedelta(milliseconds=1)
@@ -262,7 +262,7 @@ def _mid_rollout(ready_cache_0: bool):
         return {"cache-0": ready_cache_0, "cache-1": False, "cache-2": True}
 
     clock = iter(now + timedelta(milliseconds=2 + i) for i in range(100))
-    run = asyncio.run(run_step(fleet.target, observed, fleet.settings, state, clock=lambda: next(clock),
+    run = asyncio.run(run_passes(fleet.target, observed, fleet.settings, state, clock=lambda: next(clock),
                                execute=execute, reobserve=reobserve, max_passes=1,
                                endpoint_ready=endpoint_ready, poll=0.001))
     return run, executed
@@ -274,7 +274,7 @@ def test_a_readmission_that_finishes_during_a_call_hands_its_slot_over_before_th
     assert kinds.index(("SetServingGate", "cache-2")) < kinds.index(("Detach", "cache-1"))
     assert [x.serving for x in executed if x.pod == "cache-2"] == [False]
     assert set(run.state.pods) == {"cache-1", "cache-2"}  # cache-0 done: its slot went to cache-2
-    assert run.state.pods["cache-2"].step is Step.DRAINING and run.state.pods["cache-2"].previous is not None
+    assert run.state.pods["cache-2"].stage is Stage.DRAINING and run.state.pods["cache-2"].previous is not None
     assert any(e.reason == "PodDraining" and e.pod == "cache-2" for e in run.events)
     assert run.observed["cache-2"].serving_gate is False and run.observed["cache-0"].endpoint_ready is True
 
@@ -315,7 +315,7 @@ def _two_out(fleet: Fleet) -> tuple:
 
 
 def test_a_drain_that_ends_while_other_calls_run_is_swapped_in_the_same_step():
-    fleet = _RequestsEndDuringCalls(2, "file", max_unavailable=2, follow_through=True, seed=5, finishing="cache-1")
+    fleet = _RequestsEndDuringCalls(2, "file", max_unavailable=2, passes=True, seed=5, finishing="cache-1")
     a, b = _two_out(fleet)
 
     fleet.step()
@@ -328,11 +328,11 @@ def test_a_drain_that_ends_while_other_calls_run_is_swapped_in_the_same_step():
 
 
 def test_a_drain_still_busy_after_the_calls_waits_for_the_next_step():
-    fleet = Fleet(2, "file", max_unavailable=2, follow_through=True, seed=5)
+    fleet = Fleet(2, "file", max_unavailable=2, passes=True, seed=5)
     a, b = _two_out(fleet)
 
     fleet.step()
 
     assert ("Detach", "cache-0") in _calls(fleet.last_actions)
     assert not [c for c in _calls(fleet.last_actions) if c[1] == "cache-1"]
-    assert fleet.persisted["pods"]["cache-1"]["step"] == "Draining"
+    assert fleet.persisted["pods"]["cache-1"]["stage"] == "Draining"

@@ -1,0 +1,406 @@
+"""The controller: a work queue of deployments, the workers that reconcile them, and the loops
+that queue what no event announces.
+
+Triggers only enqueue (``handlers`` turns kopf's events into calls here); one worker holds a
+deployment's key at a time (``workqueue``):
+
+- HiCacheDeployment events: a new generation (or first sight at startup) queues an urgent
+  reconcile that applies the children; the operator's own status writes queue nothing.
+- Pod events queue a status refresh of their owner, which also admits new pods through the
+  serving gate and moves a swap on; urgent while that owner has a swap in flight.
+- EndpointSlice events that change an endpoint's readiness in the client Service queue the
+  owner while a swap is in flight or a swap step runs (drains and readmissions wait on them).
+- Node changes that matter for sizing queue every deployment, which reports "no longer fits".
+- Loops: a resync of every deployment (applies children, steps swaps, repairs drift nobody
+  reported), a swap poll of deployments with a swap in flight that no step has visited within
+  ``SWAP_POLL`` (a drain finishes without any Kubernetes event), and the endpoint-lag check.
+
+``process`` is one reconcile plus one swap step of one deployment; its status is written before
+the key is released, so no step plans from a stale status.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime
+import logging
+import os
+import random
+import threading
+import time
+from concurrent.futures import wait
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from hicache_operator import failures, metrics, render
+from hicache_operator.conditions import now
+from hicache_operator.informers import Informers, Key
+from hicache_operator.kube import ChildRefused, Kube, load_config
+from hicache_operator.reconcile import Plan, Result, reconcile
+from hicache_operator.rollout import act, due, gate
+from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator.status import SwapView
+from hicache_operator.workqueue import Request, WorkQueue
+
+PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
+INTERVAL = float(os.environ.get("HICACHE_RECONCILE_INTERVAL", "30"))
+SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "1"))
+WORKERS_ENV = "HICACHE_WORKERS"
+WORKERS = int(os.environ.get(WORKERS_ENV, "16"))
+LAG_CHECK_SECONDS = 0.05  # see rollout.endpoint_lag
+
+log = logging.getLogger("hicache_operator")
+
+
+def process_backed() -> bool:
+    return os.environ.get(PROCESS_BACKED_ENV) == "1"
+
+
+class Controller:
+    """The queue, the informers the event handlers fill, the swap executor, and the threads."""
+
+    def __init__(self, kube: Kube | None = None) -> None:
+        self.queue = WorkQueue()
+        self.informers = Informers()
+        self.swapper = act.Swapper()
+        self.touches = act.EndpointTouches(self.touch_service)
+        self._kube = kube
+        self._kube_guard = threading.Lock()
+        self.known: dict[Key, float] = {}  # deployment -> when its next resync is due (monotonic)
+        self._known_guard = threading.Lock()
+        self.swapping: set[Key] = set()  # deployments whose last status has a swap in flight
+        self.stepping: set[Key] = set()  # deployments in a swap step whose status is not yet written
+        self.failing: dict[Key, int] = {}  # deployment -> the generation whose reconcile last failed
+        self.stop = threading.Event()
+        self._started = False
+        self._start_guard = threading.Lock()
+
+    @property
+    def kube(self) -> Kube:
+        with self._kube_guard:
+            if self._kube is None:
+                # workers, the calls they make concurrently (a new deployment's children), the
+                # node watch and swap steps' gate patches (up to 32 at once)
+                load_config(connections=3 * WORKERS + 36)
+                self._kube = Kube(memo_seconds=INTERVAL, parallel_calls=2 * WORKERS)
+            return self._kube
+
+    def start(self, pods: Any, slices: Any) -> None:
+        """Start the threads on the first handler call: by then kopf has filled its indexes, and
+        the context holds kopf's Event poster, so ``kopf.event`` works from the worker threads."""
+        with self._start_guard:
+            if self._started:
+                return
+            self._started = True
+            self.informers.pods, self.informers.slices = pods, slices
+            loops = [self._worker] * WORKERS + [self._resync_loop, self._swap_poll_loop, self._endpoint_lag_loop]
+            for i, target in enumerate(loops):
+                threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True,
+                                 name=f"hicache-{target.__name__.strip('_')}-{i}").start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.queue.close()
+
+    # ------------------------------------------------------------------ triggers
+
+    def enqueue(self, key: Key, request: Request) -> None:
+        self.queue.add(key, request)
+        metrics.QUEUE_DEPTH.set(self.queue.depth())
+
+    def deployment_seen(self, key: Key, body: dict, initial: bool) -> None:
+        """A HiCacheDeployment event (not a deletion). ``initial``: from the first listing (the
+        operator started)."""
+        self.informers.bodies.offer(key, body)
+        self.track(key)
+        status = body.get("status") or {}
+        self.track_swap(key, status)
+        generation = (body.get("metadata") or {}).get("generation")
+        if initial:
+            self.enqueue(key, Request("resume", apply=True, urgent=True))
+        elif status.get("observedGeneration") != generation and self.failing.get(key) != generation:
+            self.enqueue(key, Request("spec", apply=True, urgent=True))  # not the failure report of this generation
+
+    def deployment_deleted(self, key: Key, body: dict) -> None:
+        self.informers.bodies.deleted(key, body)
+        with self._known_guard:
+            self.known.pop(key, None)
+            self.failing.pop(key, None)
+        self.informers.forget(key)
+        self.swapper.forget(key)
+        self.swapping.discard(key)
+        self.queue.forget(key)
+        if self._kube is not None:
+            self._kube.forget(*key)
+
+    def pod_event(self, key: Key, pod: str, identity: tuple) -> None:
+        """Reconcile the pod's deployment, except during a backend swap when nothing a step
+        reads at once changed (``informers.pod_identity``): each gate patch makes one or two pod
+        events (the gate, then Ready), and a step they started would only hold the deployment
+        while the EndpointSlice event it waits for arrives. During a swap the status is
+        rewritten at least every SWAP_POLL."""
+        changed = self.informers.pod_changed(key, pod, identity)
+        self.touches.dirty(key)
+        swapping = key in self.swapping
+        if changed or not swapping:
+            self.enqueue(key, Request("pod", urgent=swapping))
+
+    def slice_event(self, key: Key, service: str | None, slice_name: str, readiness: dict[str, bool] | None) -> None:
+        """A swap step waits on the readiness of the client Service's endpoints; other slice
+        changes are not news to it (the headless Service's slices change with every flip, and a
+        slice update that leaves every address's readiness as it was has nothing for a step).
+        ``readiness``: ``informers.slice_readiness`` of the slice, None if deleted. A step in
+        progress counts as a swap in flight: the first step of a rollout takes pods out before
+        its status (which starts the swap) is written, and the slice events may come first."""
+        if service != render.names(key[1])["service"]:
+            return
+        self.touches.dirty(key)
+        active = key in self.swapping or key in self.stepping
+        if active:
+            self.touches.written(key, self.informers.live_pods(key), self.informers.client_endpoints(key),
+                                 time.monotonic())
+        unready = self.informers.slice_changed(key[0], slice_name, readiness)
+        if unready is None or not active:
+            return
+        if unready:  # pods out of serving whose endpoints just turned not ready: read them meanwhile
+            self.swapper.read_after_unready(key, [p for p in self.informers.live_pods(key)
+                                                  if (p.get("status") or {}).get("podIP") in unready
+                                                  and gate.serving_gate(p) is False])
+        self.enqueue(key, Request("endpointslice", urgent=True))
+
+    def nodes_changed(self) -> None:
+        """A node changed in a way sizing sees: re-check every deployment ("no longer fits")."""
+        for key in list(self.known):
+            self.enqueue(key, Request("node", apply=True))
+
+    def track(self, key: Key) -> None:
+        """Resyncs are spread over the interval (a random phase per deployment), so a thousand
+        deployments do not all re-apply their children in the same second."""
+        with self._known_guard:
+            if key not in self.known:
+                self.known[key] = time.monotonic() + random.uniform(0, INTERVAL)
+
+    def track_swap(self, key: Key, status: dict | None) -> None:
+        if due.pending(status):
+            self.swapping.add(key)
+        else:
+            self.swapping.discard(key)
+
+    def touch_service(self, namespace: str, service: str) -> None:
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+        touching = self.kube.submit(lambda: self.kube.touch_service(namespace, service, stamp))
+        touching.add_done_callback(lambda done: done.exception() is None or log.warning(
+            "touching Service %s/%s failed: %s", namespace, service, done.exception()))
+
+    # ------------------------------------------------------------------ loops
+
+    def _worker(self) -> None:
+        assert self.informers.nodes is not None
+        while not self.informers.nodes.wait_synced(timeout=1.0):  # sizing needs every node
+            if self.stop.is_set():
+                return
+        while not self.stop.is_set():
+            item = self.queue.get(timeout=1.0)
+            if item is None:
+                continue
+            key, request = item
+            metrics.QUEUE_DEPTH.set(self.queue.depth())
+            try:
+                self.process(key, request)
+                self.queue.succeeded(key)
+                self.failing.pop(key, None)
+            except Exception as exc:  # a bug must not stop the worker or the other deployments
+                api = isinstance(exc, ApiException)
+                metrics.RECONCILES.labels(request.trigger, "api_error" if api else "error").inc()
+                delay = self.queue.retry(key, request)
+                failures.report_failure(self, key, exc, delay)
+            finally:
+                self.stepping.discard(key)
+                self.queue.done(key)
+
+    def _resync_loop(self) -> None:
+        while not self.stop.wait(min(1.0, INTERVAL / 4)):
+            now_, due_keys = time.monotonic(), []
+            with self._known_guard:
+                for key, when in self.known.items():
+                    if when <= now_:
+                        self.known[key] = max(when + INTERVAL, now_)
+                        due_keys.append(key)
+            for key in due_keys:
+                self.enqueue(key, Request("resync", apply=True))
+
+    def _swap_poll_loop(self) -> None:
+        while not self.stop.wait(SWAP_POLL / 4):
+            self.swap_poll()
+
+    def swap_poll(self) -> None:
+        """A step at least every SWAP_POLL while a swap is in flight, counted from the key's last
+        step: a poll right after a step the watches started would only hold the deployment when
+        the next event comes."""
+        for key in list(self.swapping):
+            if self.queue.quiet_for(key) >= SWAP_POLL:
+                self.enqueue(key, Request("swap", urgent=True))
+
+    def _endpoint_lag_loop(self) -> None:
+        while not self.stop.wait(LAG_CHECK_SECONDS):
+            self.check_endpoint_lag(time.monotonic())
+
+    def check_endpoint_lag(self, now_: float) -> None:
+        """Touch the client Service of each deployment in a swap (or a step) whose EndpointSlice
+        sits on a readiness flip (``rollout.endpoint_lag``)."""
+        self.touches.check(set(self.swapping) | set(self.stepping), self.informers.live_pods,
+                           self.informers.client_endpoints, now_)
+
+    # ------------------------------------------------------------------ one reconcile
+
+    def process(self, key: Key, request: Request) -> Result | None:
+        """One reconcile (+ one swap step) of the deployment as it is now; the status is written
+        before the queue lets another worker at the same key. Validation findings are posted
+        when the generation is new to the status."""
+        namespace, name = key
+        waited = time.monotonic() - request.queued_at if request.queued_at is not None else 0.0
+        metrics.QUEUE_WAIT_SECONDS.labels(request.trigger).observe(waited)
+        with metrics.RECONCILE_SECONDS.labels(request.trigger).time():
+            raw = self.informers.bodies.get(key) or self.kube.get_deployment(namespace, name)
+            if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
+                return None
+            previous = raw.get("status") or {}
+            post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
+            why = f"{request.trigger} waited={waited:.3f}"
+
+            def swap_step(p: Plan, pods: list[dict]) -> act.StepResult | None:
+                spec = p.outcome.spec
+                if p.outcome.ok and spec is not None and (pods or due.pending(previous)) and (
+                        request.trigger == "resync" or due.needed(previous, spec, pods)):
+                    self.stepping.add(key)  # until its status is written (see slice_event)
+                    return self._swap_step(raw, spec, pods, why)
+                return None
+            assert self.informers.nodes is not None
+            try:
+                result = reconcile(self.kube, raw, self.informers.nodes.nodes(), apply=request.apply, now=now(),
+                                   process_backed=process_backed(), post_findings=post_findings,
+                                   cached_pods=self.informers.cached_pods(key), alongside=swap_step,
+                                   defer_workload=True)
+            except ChildRefused as refused:
+                failures.report_refused(self, key, raw, refused)
+                metrics.RECONCILES.labels(request.trigger, "invalid").inc()
+                return None
+            if not self._persist(key, raw, result, request, previous, post_findings):
+                return None
+        outcome = result.plan.outcome
+        if post_findings:
+            for f in outcome.findings:
+                if f.severity == "error":
+                    metrics.VALIDATION_FAILURES.labels(f.rule).inc()
+                elif f.severity == "normalised":
+                    metrics.NORMALISATIONS.labels(f.rule).inc()
+        metrics.POD_RESTARTS.inc(len(result.deleted_pods))
+        metrics.RECONCILES.labels(request.trigger, "ok" if outcome.ok else "invalid").inc()
+        self._post(raw, result, previous)
+        return result
+
+    def _persist(self, key: Key, raw: dict, result: Result, request: Request, previous: dict,
+                 post_findings: bool) -> bool:
+        """Write the status (the StatefulSet's apply going out meanwhile), wait for the step's
+        last gate patches, and follow the step up; False when nothing more is to be done."""
+        t_acted = time.monotonic()
+        step: act.StepResult | None = result.alongside
+        try:  # the swap step's last gate patches go out while the status is written
+            requeue = self._swap_events(result, step) if step is not None else None
+            result.status = status = result.status.rederive(
+                spec_replicas=spec_replicas(raw), swap=None if step is None else SwapView(
+                    step.backend_swap, tuple(c.brief() for c in step.conditions)))
+            write = (lambda: self.write_status(key, status)) if status != previous else (lambda: True)
+            if result.workload is None:
+                stored = write()
+            else:
+                # The StatefulSet goes out while the status is written (nothing in the status
+                # depends on it), except after a failed reconcile: then the status waits for the
+                # applies, so one that fails again leaves the failure in the status.
+                writing = self.kube.submit(write) if key not in self.failing else None
+                try:
+                    result.workload()
+                except ChildRefused as refused:
+                    wait([writing] if writing is not None else [])
+                    failures.report_refused(self, key, self.informers.bodies.get(key) or raw, refused)
+                    metrics.RECONCILES.labels(request.trigger, "invalid").inc()
+                    return False
+                except BaseException:
+                    if writing is not None:
+                        wait([writing])
+                        if not writing.exception() and post_findings:  # the status now has this generation:
+                            self._post(raw, result, previous)  # the retry would not post its findings again
+                    raise
+                stored = writing.result() if writing is not None else write()
+            if not stored:
+                return False
+            t_written = time.monotonic()
+        finally:
+            settled = act.settle(step)
+        t_settled = time.monotonic()
+        if not settled:  # a gate patch failed: its watch event will not come
+            requeue = act.AFTER_ACTIONS_SECONDS
+        elif step is not None and step.gates:
+            self.informers.note_gates(key, step.gates)
+        if step is not None:
+            log.info("swap step %s/%s persisted: status=%.3f gates=+%.3f", *key, t_written - t_acted,
+                     t_settled - t_written)
+            if step.busy_drains:  # their records are persisted now
+                self.swapper.watch_drains(key, step.busy_drains,
+                                          still_out=lambda pod: self.informers.still_out(key, pod),
+                                          on_drained=lambda: self.enqueue(key, Request("drained", urgent=True)))
+            if step.renewing is not None:  # planned on a read that no longer holds: look again when it says so
+                step.renewing.add_done_callback(lambda done: done.exception() is None and done.result()
+                                                and self.enqueue(key, Request("swap", urgent=True)))
+        self.track_swap(key, status)
+        if requeue is not None and requeue < SWAP_POLL:  # the swap poll covers the rest
+            self.queue.add_after(key, Request("swap", urgent=True), requeue)
+        return True
+
+    def write_status(self, key: Key, status: dict) -> bool:
+        """Write the whole status; False when the deployment is gone meanwhile."""
+        try:
+            self.informers.bodies.offer(key, self.kube.replace_deployment_status(*key, status))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.informers.bodies.deleted(key)  # deleted meanwhile: its DELETED event forgets it
+            return False
+        return True
+
+    def _swap_step(self, raw: dict, spec: HiCacheDeploymentSpec, pods: list[dict], why: str) -> act.StepResult:
+        """One backend-swap step on the pods as this reconcile sees them."""
+        meta = raw["metadata"]
+        key = (meta["namespace"], meta["name"])
+        secret, field = render.secret_ref(spec, meta["name"], "admin")
+        return self.swapper.step(self.kube.api, raw, spec, pods, now(),
+                                 endpoints=lambda: self.informers.client_endpoints(key),
+                                 key=self.kube.admin_key(meta["namespace"], secret, field), why=why)
+
+    @staticmethod
+    def _swap_events(result: Result, step: act.StepResult) -> float | None:
+        """The step's Events join the reconcile's; returns its requeue hint."""
+        for ev in step.events:
+            metrics.SWAP_EVENTS.labels(ev.reason).inc()
+            result.events.append((ev.type, ev.reason, ev.message))
+        return step.requeue_after
+
+    @staticmethod
+    def _post(body: Any, result: Result, previous: dict) -> None:
+        for etype, reason, message in result.events:
+            kopf.event(body, type=etype, reason=reason, message=message)
+        old = {c.get("type"): c for c in previous.get("conditions") or []}.get("Degraded") or {}
+        new = {c["type"]: c for c in result.status.get("conditions", [])}.get("Degraded") or {}
+        posted = {reason for _, reason, _ in result.events}  # e.g. the swap's own BackendSwapFailed
+        if new.get("status") == "True" and (old.get("status") != "True" or old.get("reason") != new.get("reason")) \
+                and new.get("reason") not in posted:
+            kopf.event(body, type="Warning", reason=new["reason"], message=new.get("message", ""))
+
+
+def spec_replicas(raw: dict) -> int | None:
+    """spec.replicas as written (the CRD defaults it to 1), READY's denominator even when the
+    rest of the spec is invalid."""
+    value = (raw.get("spec") or {}).get("replicas", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

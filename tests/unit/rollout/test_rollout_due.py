@@ -1,0 +1,38 @@
+"""When a backend-swap step can be skipped (a settled fleet costs no runtime GETs)."""
+
+from __future__ import annotations
+
+from hicache_operator import render
+from hicache_operator.rollout import due, gate, storage_fingerprint
+from hicache_operator.spec import HiCacheDeploymentSpec
+
+
+def spec(backend="none"):
+    return HiCacheDeploymentSpec.model_validate({"image": "img", "hicache": {"storage": {"backend": backend}}})
+
+
+def pod(serving, deleting=False):
+    meta = {"name": "p", "deletionTimestamp": "2025-01-01T00:00:00Z"} if deleting else {"name": "p"}
+    conds = [] if serving is None else [{"type": gate.CONDITION, "status": serving}]
+    return {"metadata": meta, "status": {"conditions": conds}}
+
+
+def status(s, phase="Complete", pods=None):
+    return {"backendSwap": {"phase": phase, "target": storage_fingerprint(render.storage_config(s)),
+                            "pods": pods or {}}}
+
+
+def test_settled_fleet_needs_no_step():
+    s = spec()
+    assert not due.needed(status(s), s, [pod("True"), pod("True")])
+    assert not due.needed(status(s), s, [pod("True"), pod(None, deleting=True)])
+
+
+def test_anything_unsettled_needs_a_step():
+    s = spec()
+    assert due.needed({}, s, [pod("True")])                                   # never stepped
+    assert due.needed(status(s), s, [pod(None)])                              # a new pod to admit
+    assert due.needed(status(s), s, [pod("False")])                           # out of serving
+    assert due.needed(status(s, phase="InProgress"), s, [pod("True")])        # a swap running
+    assert due.needed(status(s, pods={"p": {}}), s, [pod("True")])            # a record left
+    assert due.needed(status(s), spec("file"), [pod("True")])                 # a new target
