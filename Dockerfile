@@ -11,7 +11,10 @@
 FROM ghcr.io/astral-sh/uv:0.9.26 AS uv
 
 # ---- runtime: build ------------------------------------------------------------------------
-# CUDA 13 like torch 2.15's wheels; nvcc compiles kernels/transfer.cu here only.
+# CUDA 13 like torch 2.15's wheels. kernels/transfer.cu compiles here only, with the nvcc CI
+# builds it with: the pinned PyPI wheels (kernels/build.py NVCC_WHEEL_PIN, pyproject.toml's
+# kernels-build extra) in a venv of their own, which the final stage never copies. The devel
+# base supplies the host compiler nvcc drives; its own CUDA toolkit is not used.
 FROM nvidia/cuda:13.0.1-devel-ubuntu24.04 AS runtime-build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=uv /uv /usr/local/bin/uv
@@ -40,9 +43,17 @@ COPY kernels/ kernels/
 COPY cache_runtime/ cache_runtime/
 # Compile the transfer kernels (static cudart: the .so needs only libc/libstdc++ at load
 # time) and keep them at a fixed path.
-RUN HICACHE_KERNELS_CACHE=/tmp/kernels /opt/venv/bin/python -m kernels build \
+RUN uv venv --python 3.11.14 /opt/kernels-build \
+ && uv pip install --python /opt/kernels-build/bin/python \
+      nvidia-cuda-nvcc==13.2.86 \
+      nvidia-cuda-crt==13.2.86 \
+      nvidia-nvvm==13.2.86 \
+      nvidia-cuda-runtime==13.2.86 \
+ && HICACHE_KERNELS_CACHE=/tmp/kernels \
+    HICACHE_KERNELS_NVCC=/opt/kernels-build/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc \
+    /opt/kernels-build/bin/python -m kernels build \
  && install -D -m 0644 /tmp/kernels/*/libhicache_kernels.so /opt/hicache/lib/libhicache_kernels.so \
- && rm -rf /tmp/kernels \
+ && rm -rf /tmp/kernels /opt/kernels-build \
  && /opt/venv/bin/python -m compileall -q /opt/hicache/app
 # The embedded default checkpoint the bundled samples serve: a LlamaForCausalLM with real KV
 # geometry (16 layers, 8 KV heads x 128) and random weights, plus a locally trained tokenizer.

@@ -38,7 +38,7 @@ from cache_runtime.memory import DevicePool, HostPool
 from cache_runtime.models import load_model
 from cache_runtime.models.base import Shard
 from cache_runtime.models.layers import ForwardBatch, SeqSpan
-from cache_runtime.transfer import backup_layers, load_layer
+from cache_runtime.transfer import backup_layers, prepare_load
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,9 @@ def follower_main(rank: int, world: int, port: int, args_dict: dict, host_tokens
                 model(batch, dev.k, dev.v)
             elif op == "load":  # L2 -> L1, every layer
                 _, host_slots, device_slots = cmd
-                for layer in range(cfg.num_layers):
-                    load_layer(dev, host, host_slots, device_slots, layer, io)
+                loads = prepare_load(dev, host, host_slots, device_slots, io)
+                for layer in range(loads.num_layers):
+                    loads.load(layer)
             elif op == "backup":  # L1 -> L2
                 _, device_slots, host_slots = cmd
                 backup_layers(dev, host, device_slots, host_slots, io)

@@ -26,12 +26,11 @@ class TransferError(RuntimeError):
     pass
 
 
-def load_layer(device: DevicePool, host: HostPool, host_slots: torch.Tensor, device_slots: torch.Tensor, layer: int,
-               io_backend: str) -> None:
-    """L2 -> L1 copy of one layer (K and V, or MLA's latent)."""
-    device_v = device.v[layer] if device.v is not None else None
-    kernels.load_per_layer(host.kv_buffer, device.k[layer], device_v, host_slots, device_slots, layer, host.layout,
-                           host.page_size, io_backend=io_backend)
+def prepare_load(device: DevicePool, host: HostPool, host_slots: torch.Tensor, device_slots: torch.Tensor,
+                 io_backend: str) -> kernels.LayerLoads:
+    """L2 -> L1 copy of every layer, checked and its slots placed once; ``.load(layer)`` issues one layer."""
+    return kernels.prepare_load(host.kv_buffer, device.k, device.v, host_slots, device_slots, host.layout,
+                                host.page_size, io_backend=io_backend)
 
 
 def backup_layers(device: DevicePool, host: HostPool, device_slots: torch.Tensor, host_slots: torch.Tensor,
@@ -143,8 +142,9 @@ class TransferWorker:
 
     def _execute(self, op) -> None:
         if isinstance(op, LoadOp):
-            for layer in range(len(self.device.k)):
-                load_layer(self.device, self.host, op.host_slots, op.device_slots, layer, self.io_backend)
+            loads = prepare_load(self.device, self.host, op.host_slots, op.device_slots, self.io_backend)
+            for layer in range(loads.num_layers):
+                loads.load(layer)
                 if self._cuda:
                     ev = torch.cuda.Event()
                     ev.record(self._stream)

@@ -13,6 +13,8 @@ costs milliseconds per call in thread wake-ups.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kernels.layouts import PAGE_FIRST, host_rows, row_words, word_dtype
@@ -23,17 +25,38 @@ from kernels.validate import Transfer
 LOOP_MIN_BYTES = 32 * 1024
 
 
-def run(t: Transfer) -> None:
+@dataclass(frozen=True)
+class Prepared:
+    """A transfer's indices in the form every layer reuses, computed once per transfer."""
+
+    host_idx: torch.Tensor  # CPU, first slot of each unit, skipped pairs removed
+    dev_idx: torch.Tensor  # on the pool's device, in units
+    unit: int  # slots moved as one row: page_size for whole aligned pages, else 1
+    pairs: list[tuple[int, int]] | None  # (host slot, device unit) for the slice-copy loop
+
+
+def prepare(t: Transfer) -> Prepared:
+    """Drop skipped pairs, find the page unit, move device indices to the pool's device."""
     host_idx = t.host_indices.to("cpu")
     dev_idx = t.device_indices.to("cpu")
     keep = (host_idx >= 0) & (dev_idx >= 0)
     host_idx, dev_idx = host_idx[keep], dev_idx[keep]
-    if host_idx.numel() == 0:
-        return
-    unit = _page_unit(t, host_idx, dev_idx)
+    unit = _page_unit(t, host_idx, dev_idx) if host_idx.numel() else 1
     if unit > 1:  # move whole pages: one index entry per page instead of per token
         host_idx, dev_idx = host_idx[::unit], dev_idx[::unit]
-    dev_idx = (dev_idx // unit).to(t.device)
+    dev_units = dev_idx // unit
+    loop = t.device.type == "cpu" and t.geom.item_bytes * unit >= LOOP_MIN_BYTES
+    pairs = list(zip(host_idx.tolist(), dev_units.tolist())) if loop else None
+    return Prepared(host_idx, dev_units.to(t.device), unit, pairs)
+
+
+def run(t: Transfer, prep: Prepared | None = None) -> None:
+    """Copy every plane of `t`; `prep` (from prepare(t), or from the same transfer with
+    more layers) carries the index work so a per-layer call does none of it again."""
+    prep = prep or prepare(t)
+    if prep.host_idx.numel() == 0:
+        return
+    unit, dev_idx = prep.unit, prep.dev_idx
     row_bytes = t.geom.item_bytes * unit
     pools = [t.device_k] if t.device_v is None else [t.device_k, t.device_v]
     halves = [t.host_kv] if t.device_v is None else [t.host_kv[0], t.host_kv[1]]
@@ -41,16 +64,19 @@ def run(t: Transfer) -> None:
     layers = range(t.layer_begin, t.layer_begin + len(t.device_k))
     # One reused CPU buffer per call: fresh multi-MiB allocations per plane cost
     # more in page faults than the copy itself.
-    buf = torch.empty((host_idx.numel(), row_bytes // words.itemsize), dtype=words)
+    buf = None
+    if prep.pairs is None:
+        buf = torch.empty((prep.host_idx.numel(), row_bytes // words.itemsize), dtype=words)
     whole = t.device_slots // unit * unit
     for half, pool in zip(halves, pools):
         host = row_words(half, row_bytes, words)
         for layer, dev in zip(layers, pool):
             dev = row_words(dev[:whole], row_bytes, words)
-            rows = host_rows(t.geom, layer, host_idx) // unit
-            if not dev.is_cuda and row_bytes >= LOOP_MIN_BYTES:
-                _copy_rows(host, rows, dev, dev_idx, t.to_host)
-            elif t.to_host:
+            if prep.pairs is not None:
+                _copy_rows(host, t.geom, layer, unit, prep.pairs, dev, t.to_host)
+                continue
+            rows = host_rows(t.geom, layer, prep.host_idx) // unit
+            if t.to_host:
                 if dev.is_cuda:
                     buf.copy_(dev.index_select(0, dev_idx))
                 else:
@@ -61,9 +87,10 @@ def run(t: Transfer) -> None:
                 dev.index_copy_(0, dev_idx, buf.to(dev.device))
 
 
-def _copy_rows(host, rows, dev, dev_idx, to_host) -> None:
+def _copy_rows(host, geom, layer, unit, pairs, dev, to_host) -> None:
     """One slice copy per row: a single pass, where index ops would gather then scatter."""
-    for r, d in zip(rows.tolist(), dev_idx.tolist()):
+    for h, d in pairs:
+        r = host_rows(geom, layer, h) // unit
         if to_host:
             host[r].copy_(dev[d])
         else:

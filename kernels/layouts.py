@@ -144,8 +144,8 @@ def row_words(t: torch.Tensor, row_bytes: int, words: torch.dtype) -> torch.Tens
     return t.reshape(-1).view(torch.uint8).view(-1, row_bytes).view(words)
 
 
-def host_rows(geom: HostGeometry, layer: int, slots: torch.Tensor) -> torch.Tensor:
-    """Row numbers of (layer, slots) within one K/V half of the host pool."""
+def host_rows(geom: HostGeometry, layer: int, slots):
+    """Row numbers of (layer, slots) within one K/V half of the host pool (tensor or int)."""
     if geom.layout == LAYER_FIRST:
         return layer * geom.num_slots + slots
     if geom.layout == PAGE_FIRST:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -153,25 +153,45 @@ class Library:
         # User-space addresses are below 2**63, so int64 holds them unchanged.
         return list(zip(*(x[:got].tolist() for x in (dst, src, size))))
 
-    def run(self, t: Transfer, *, allow_batch: bool = True) -> None:
-        """Enqueue the transfer on torch's current stream of the pool's device."""
-        stream = torch.cuda.current_stream(t.device).cuda_stream
-        if t.io_backend == "direct":
-            h_idx = t.host_indices.to("cpu").contiguous()
-            d_idx = t.device_indices.to("cpu").contiguous()
-            args, _keep = _args(t, h_idx, d_idx, stream)
-            rc = self._lib.hc_transfer_direct(ctypes.byref(args), int(allow_batch))
-        else:
-            h_idx, d_idx = (_to_device(x, t.device) for x in (t.host_indices, t.device_indices))
-            args, _keep = _args(t, h_idx, d_idx, stream)
+    def run(self, t: Transfer, *, stream: int | None = None, allow_batch: bool = True) -> None:
+        """Enqueue a placed transfer (see place()) on `stream`, by default torch's current
+        stream of the pool's device. Only pointers and sizes cross into C: nothing here
+        reads an index, so a call never waits for the device."""
+        kernel = t.io_backend == "kernel"
+        want = t.device if kernel else torch.device("cpu")
+        for name, idx in (("host_indices", t.host_indices), ("device_indices", t.device_indices)):
+            if idx.device != want or not idx.is_contiguous():
+                raise ValueError(
+                    f"{name} must be contiguous on {want} for io_backend={t.io_backend!r} "
+                    f"(library.place() puts them there), got {idx.device}"
+                )
+        if stream is None:
+            stream = torch.cuda.current_stream(t.device).cuda_stream
+        args, _keep = _args(t, t.host_indices, t.device_indices, stream)
+        if kernel:
             rc = self._lib.hc_transfer_kernel(ctypes.byref(args))
+        else:
+            rc = self._lib.hc_transfer_direct(ctypes.byref(args), int(allow_batch))
         if rc:
             raise KernelLibraryError(f"hicache transfer failed: {self.error(rc)}")
 
 
+def place(t: Transfer) -> Transfer:
+    """`t` with its indices where the compiled path reads them; done once per transfer.
+
+    SM kernel: on the pool's device, CPU indices uploaded through torch's pinned caching
+    allocator on the current stream (a copy from pageable memory may wait for the stream,
+    which would stall the caller). DMA path: on the CPU, where the planner reads them (a
+    sync only if they were given on the GPU).
+    """
+    if t.io_backend == "direct":
+        h, d = (x.to("cpu").contiguous() for x in (t.host_indices, t.device_indices))
+    else:
+        h, d = (_to_device(x, t.device) for x in (t.host_indices, t.device_indices))
+    return replace(t, host_indices=h, device_indices=d)
+
+
 def _to_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Upload CPU indices through torch's pinned caching allocator: a copy from
-    pageable memory may wait for the stream, which would stall the caller."""
     if idx.device.type == "cpu":
         idx = idx.contiguous().pin_memory()
     return idx.to(device, non_blocking=True).contiguous()

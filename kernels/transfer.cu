@@ -25,9 +25,11 @@ enum { HC_LAYER_FIRST = 0, HC_PAGE_FIRST = 1, HC_PAGE_FIRST_DIRECT = 2 };
 
 enum {
   HC_OK = 0,
-  HC_E_LAYOUT = -1,    // host layout description is inconsistent
-  HC_E_ARGS = -2,      // transfer arguments are inconsistent
-  HC_E_CAPACITY = -3,  // output buffer of hc_plan_direct too small
+  HC_E_LAYOUT = -1,      // host layout description is inconsistent
+  HC_E_ARGS = -2,        // transfer arguments are inconsistent
+  HC_E_CAPACITY = -3,    // output buffer of hc_plan_direct too small
+  HC_E_NOT_PINNED = -4,  // kernel path: the host pool is not page-locked memory
+  HC_E_DEVICE_PTR = -5,  // a device plane is not memory of `device`
 };
 
 // Every field is 8 bytes wide so the ctypes mirror has no padding to get wrong.
@@ -345,21 +347,29 @@ void plan_runs(const hc_transfer_args& a, std::vector<Run>* out) {
   }
 }
 
+// Driver functions through the runtime's entry-point query (the library links no
+// libcuda): a driver without `name` at ABI `version` yields an error, not a crash.
+template <typename Fn>
+cudaError_t driver_entry(const char* name, int version, Fn* out) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &q);
+  if (err != cudaSuccess) return err;
+  if (q != cudaDriverEntryPointSuccess) return cudaErrorSymbolNotFound;
+  *out = (Fn)fn;
+  return cudaSuccess;
+}
+
 PFN_cuMemcpyBatchAsync_v12080 batch_fn = nullptr;
 std::once_flag batch_once;
 
-// Looked up through the runtime's driver entry point with the 12.8 ABI, so a
-// driver without the batch API (older than 12.8) just leaves it null.
+// 12.8 ABI, so a driver without the batch API (older than 12.8) leaves it null.
 PFN_cuMemcpyBatchAsync_v12080 batch_memcpy() {
   std::call_once(batch_once, [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuMemcpyBatchAsync", &fn, 12080, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      batch_fn = (PFN_cuMemcpyBatchAsync_v12080)fn;
-    else
+    if (driver_entry("cuMemcpyBatchAsync", 12080, &batch_fn) != cudaSuccess) {
+      batch_fn = nullptr;
       cudaGetLastError();
+    }
   });
   return batch_fn;
 }
@@ -384,6 +394,75 @@ bool try_batch(const std::vector<Run>& runs, cudaStream_t stream) {
             (CUstream)stream) == CUDA_SUCCESS;
 }
 
+// ---------------------------------------------------------------------------
+// Every entry point that touches a device runs inside a DeviceScope: it makes
+// `device` current for the calling thread and, on exit, puts back the context
+// that was current before (none included). The runtime API alone cannot do
+// that: cudaSetDevice(previous) would create a context on a device the thread
+// never used, and leaving `device` current would move torch's current device
+// in a process that drives several GPUs.
+
+PFN_cuCtxGetCurrent_v4000 ctx_get = nullptr;
+PFN_cuCtxSetCurrent_v4000 ctx_set = nullptr;
+cudaError_t ctx_status = cudaSuccess;
+std::once_flag ctx_once;
+
+class DeviceScope {
+ public:
+  explicit DeviceScope(int64_t device) {
+    std::call_once(ctx_once, [] {
+      ctx_status = driver_entry("cuCtxGetCurrent", 4000, &ctx_get);
+      if (ctx_status == cudaSuccess) ctx_status = driver_entry("cuCtxSetCurrent", 4000, &ctx_set);
+      if (ctx_status != cudaSuccess) cudaGetLastError();
+    });
+    status_ = ctx_status;
+    if (status_ != cudaSuccess) return;
+    if (ctx_get(&prev_) != CUDA_SUCCESS) prev_ = nullptr;  // driver not initialised yet
+    saved_ = true;
+    status_ = cudaSetDevice((int)device);
+  }
+  ~DeviceScope() {
+    CUcontext now = nullptr;
+    if (saved_ && ctx_get(&now) == CUDA_SUCCESS && now != prev_) ctx_set(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  cudaError_t status() const { return status_; }
+
+ private:
+  CUcontext prev_ = nullptr;
+  bool saved_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
+// The kernel dereferences every pointer it is given, so a pageable host pool or
+// a plane on another device would fault the whole context. Checked per launch
+// (cuPointerGetAttributes, well under a microsecond each) rather than trusted.
+int check_pointers(const hc_transfer_args& a, bool host_pinned) {
+  cudaPointerAttributes attr;
+  if (host_pinned) {
+    const uint64_t span = (uint64_t)(a.host.has_v ? 2 : 1) * (uint64_t)a.host.num_layers *
+                          (uint64_t)a.host.num_slots * (uint64_t)a.host.item_bytes;
+    const uint64_t ends[2] = {a.host_base, a.host_base + (span ? span - 1 : 0)};
+    for (uint64_t p : ends) {
+      const cudaError_t err = cudaPointerGetAttributes(&attr, (const void*)p);
+      if (err != cudaSuccess) return (int)err;
+      if (attr.type != cudaMemoryTypeHost && attr.type != cudaMemoryTypeManaged)
+        return HC_E_NOT_PINNED;
+    }
+  }
+  for (int64_t kv = 0; kv < (a.host.has_v ? 2 : 1); ++kv) {
+    for (int64_t l = 0; l < a.layer_count; ++l) {
+      const uint64_t p = (kv ? a.dev_v : a.dev_k)[l];
+      const cudaError_t err = cudaPointerGetAttributes(&attr, (const void*)p);
+      if (err != cudaSuccess) return (int)err;
+      const bool device_mem = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+      if (!device_mem || attr.device != (int)a.device) return HC_E_DEVICE_PTR;
+    }
+  }
+  return HC_OK;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -399,6 +478,8 @@ HC_API const char* hc_error_string(int code) {
     case HC_E_LAYOUT: return "inconsistent host layout description";
     case HC_E_ARGS: return "inconsistent transfer arguments";
     case HC_E_CAPACITY: return "plan output buffer too small";
+    case HC_E_NOT_PINNED: return "host pool is not pinned (page-locked) memory, which the kernel path needs";
+    case HC_E_DEVICE_PTR: return "a device pool plane is not memory of the transfer's CUDA device";
     default: return code > 0 ? cudaGetErrorString((cudaError_t)code) : "unknown error";
   }
 }
@@ -447,12 +528,16 @@ HC_API int64_t hc_plan_direct(const hc_transfer_args* a, uint64_t* dst, uint64_t
 // 1 if the driver offers cuMemcpyBatchAsync (needs a driver; 0 without one).
 HC_API int hc_batch_memcpy_available(void) { return batch_memcpy() != nullptr; }
 
-// SM-copy path; indices must be device-accessible.
+// SM-copy path; indices must be device-accessible. Thread-safe and stateless:
+// concurrent calls on different streams are independent launches.
 HC_API int hc_transfer_kernel(const hc_transfer_args* a) {
   if (!args_ok(*a)) return HC_E_ARGS;
   if (a->n == 0) return HC_OK;
-  cudaError_t err = cudaSetDevice((int)a->device);
+  DeviceScope scope(a->device);
+  cudaError_t err = scope.status();
   if (err != cudaSuccess) return (int)err;
+  const int bad = check_pointers(*a, true);
+  if (bad != HC_OK) return bad;
   const Sides s = sides_of(*a);
   const int vec = vector_width(*a);
   const int64_t planes = num_planes(*a);
@@ -484,8 +569,11 @@ HC_API int hc_transfer_kernel(const hc_transfer_args* a) {
 HC_API int hc_transfer_direct(const hc_transfer_args* a, int allow_batch) {
   if (!args_ok(*a)) return HC_E_ARGS;
   if (a->n == 0) return HC_OK;
-  cudaError_t err = cudaSetDevice((int)a->device);
+  DeviceScope scope(a->device);
+  cudaError_t err = scope.status();
   if (err != cudaSuccess) return (int)err;
+  const int bad = check_pointers(*a, false);
+  if (bad != HC_OK) return bad;
   std::vector<Run> runs;
   plan_runs(*a, &runs);
   const cudaStream_t stream = (cudaStream_t)a->stream;

@@ -7,13 +7,24 @@ outside the pools, so even an unchecked index cannot write out of bounds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from kernels.layouts import LAYOUTS, HostGeometry, host_geometry
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.uint8)
+# Rows move as raw bytes, so any fixed-width dtype is safe; these are the KV-cache ones
+# (fp8 pools included).
+DTYPES = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+    torch.uint8,
+)
 IO_BACKENDS = ("kernel", "direct")
 MAX_CTAS = 65535
 
@@ -33,6 +44,15 @@ class Transfer:
     io_backend: str
     num_ctas: int | None
 
+    def layer(self, i: int) -> Transfer:
+        """The same request restricted to layer ``layer_begin + i``; indices are shared."""
+        return replace(
+            self,
+            device_k=(self.device_k[i],),
+            device_v=None if self.device_v is None else (self.device_v[i],),
+            layer_begin=self.layer_begin + i,
+        )
+
     @property
     def device(self) -> torch.device:
         return self.device_k[0].device
@@ -49,7 +69,7 @@ class Transfer:
         return out
 
 
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < low or (high is not None and value > high):
@@ -95,6 +115,7 @@ def _check_indices(
     device: torch.device,
     host_slots: int,
     dev_slots: int,
+    to_host: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     pairs = (
         ("host_indices", host_indices, host_slots),
@@ -115,12 +136,28 @@ def _check_indices(
             f"({device_indices.numel()}) must have equal length"
         )
     if host_indices.numel():
-        # Both maxima in one transfer: device-resident indices cost one sync, not two.
-        maxima = torch.stack([host_indices.max(), device_indices.max().to(host_indices.device)])
-        for (name, _, limit), top in zip(pairs, maxima.tolist()):
+        top_host, top_dev, dup = _summary(host_indices, device_indices, to_host)
+        for (name, _, limit), top in zip(pairs, (top_host, top_dev)):
             if top >= limit:
                 raise ValueError(f"{name} has index {top} >= pool size {limit}")
-    return host_indices, device_indices
+        if dup >= 0:
+            name = pairs[0][0] if to_host else pairs[1][0]
+            raise ValueError(
+                f"{name} names destination slot {dup} twice; "
+                "each destination row may be written by one pair only"
+            )
+    return host_indices.contiguous(), device_indices.contiguous()
+
+
+def _summary(host: torch.Tensor, dev: torch.Tensor, to_host: bool) -> list[int]:
+    """[max host index, max device index, a destination slot used twice or -1], read
+    from the device in one transfer: device-resident indices cost one sync, CPU ones none."""
+    h = host.to(dev.device) if host.device != dev.device else host
+    src, dst = (dev, h) if to_host else (h, dev)
+    live = torch.where((src >= 0) & (dst >= 0), dst, -1).sort().values
+    repeated = torch.where((live[1:] == live[:-1]) & (live[1:] >= 0), live[1:], -1)
+    dup = repeated.max() if repeated.numel() else torch.full((), -1, device=dst.device)
+    return torch.stack([h.max(), dev.max(), dup]).tolist()
 
 
 def check(
@@ -142,9 +179,9 @@ def check(
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if io_backend not in IO_BACKENDS:
         raise ValueError(f"io_backend must be one of {IO_BACKENDS}, got {io_backend!r}")
-    _check_int("page_size", page_size, 1)
+    check_int("page_size", page_size, 1)
     if num_ctas is not None:
-        _check_int("num_ctas", num_ctas, 1, MAX_CTAS)
+        check_int("num_ctas", num_ctas, 1, MAX_CTAS)
     host_kv = _check_tensor("host_kv", host_kv)
     if host_kv.dtype not in DTYPES:
         raise TypeError(f"host_kv dtype must be one of {DTYPES}, got {host_kv.dtype}")
@@ -165,7 +202,7 @@ def check(
         raise ValueError(f"MLA (device_v is None) expects H == 1, host_kv has H = {geom.heads}")
     if all_layers and len(device_k) != geom.num_layers:
         raise ValueError(f"host_kv has {geom.num_layers} layers, device pool {len(device_k)}")
-    _check_int("layer_id", layer_begin, 0, geom.num_layers - 1)
+    check_int("layer_id", layer_begin, 0, geom.num_layers - 1)
     device = device_k[0].device
     if device.type == "cuda" and io_backend == "kernel" and not host_kv.is_pinned():
         raise ValueError(
@@ -173,7 +210,7 @@ def check(
             "the GPU kernel reads and writes it directly"
         )
     h_idx, d_idx = _check_indices(
-        host_indices, device_indices, device, geom.num_slots, device_k[0].shape[0]
+        host_indices, device_indices, device, geom.num_slots, device_k[0].shape[0], to_host
     )
     return Transfer(
         host_kv=host_kv,

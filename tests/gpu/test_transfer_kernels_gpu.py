@@ -211,7 +211,7 @@ def test_unvalidated_bad_index_never_writes_outside(cuda_lib, io_backend):
     bad = dataclasses.replace(
         good, host_indices=torch.tensor([1, 9, 2, 0]), device_indices=torch.tensor([3, 5, 4, 8])
     )
-    cuda_lib.run(bad)
+    cuda_lib.run(library.place(bad))
     torch.cuda.synchronize()
     assert (arena[:, 8:] == 0).all()
     assert same_bits(dev_k[3], host[0, 0, 1].cuda()) and same_bits(dev_v[4], host[1, 0, 2].cuda())

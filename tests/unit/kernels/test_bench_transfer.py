@@ -37,13 +37,11 @@ def test_cpu_bench_writes_every_variant(bench, tmp_path, fresh_backend, capsys):
                 "1,4",
                 "--layers",
                 "2",
-                "--heads",
-                "1",
+                "--item-bytes",
+                "16",
                 "--head-dim",
                 "8",
-                "--load-tokens",
-                "8",
-                "--backup-tokens",
+                "--tokens",
                 "8",
                 "--repeats",
                 "2",
@@ -72,7 +70,8 @@ def test_cpu_bench_writes_every_variant(bench, tmp_path, fresh_backend, capsys):
             assert r["gbps"] > 0 and r["ratio"] == pytest.approx(
                 r["gbps"] / variants["limit"]["gbps"]
             )
-    load = next(r for r in rows if r["direction"] == "h2d")
-    assert load["bytes"] == 8 * 16 * 2  # tokens x (1 x 8 bf16) x K+V
+            assert r["host_ms"] > 0 and r["vs_sgl"] is None  # no sgl-kernel on a CPU
+    for r in rows:  # a load and a write-back both move K+V of every layer
+        assert (r["item_bytes"], r["tokens"], r["bytes"]) == (16, 8, 8 * 16 * 2 * 2)
     assert data["env"]["kernels"]["backend"] in ("cpu-fallback", "cuda")
     assert "ratio = GB/s / limit GB/s" in capsys.readouterr().out

@@ -57,7 +57,11 @@ def _assert_pools_equal(got, want):
 
 CASES = pytest.mark.parametrize("layout", LAYOUTS)
 MLA = pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
-DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.uint8], ids=str)
+DTYPES = pytest.mark.parametrize(
+    "dtype",
+    [torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8],
+    ids=str,
+)
 PAGES = pytest.mark.parametrize("page_size", [1, 4])
 
 

@@ -142,3 +142,34 @@ def test_backup_layer_count_and_list_type(pools):
 def test_negative_indices_are_not_range_errors(pools):
     host, dev_k, dev_v = pools
     _load(host, dev_k[0], dev_v[0], h_idx=torch.tensor([-7, 1, 2]), d_idx=torch.tensor([3, -1, 5]))
+
+
+@pytest.mark.parametrize(
+    "h_idx,d_idx,msg",
+    [
+        ([0, 1, 2], [3, 5, 3], "device_indices names destination slot 3 twice"),
+        ([0, 1, 2, 3], [11, 4, 11, 4], "device_indices names destination slot 11 twice"),
+    ],
+)
+def test_duplicate_destination_is_refused(pools, h_idx, d_idx, msg):
+    """Two pairs writing one row would leave it to whichever copy lands last."""
+    host, dev_k, dev_v = pools
+    before = _snapshot(host, dev_k, dev_v)
+    with pytest.raises(ValueError, match=msg):
+        _load(host, dev_k[0], dev_v[0], h_idx=torch.tensor(h_idx), d_idx=torch.tensor(d_idx))
+    assert all(same_bits(a, b) for a, b in zip(before, _snapshot(host, dev_k, dev_v)))
+
+
+def test_duplicate_destination_on_backup_is_the_host_side(pools):
+    host, dev_k, dev_v = pools
+    with pytest.raises(ValueError, match="host_indices names destination slot 2 twice"):
+        kernels.backup_all_layers(
+            dev_k, dev_v, host, torch.tensor([0, 1]), torch.tensor([2, 2]), "page_first", P
+        )
+
+
+def test_repeated_sources_and_skipped_pairs_are_not_duplicates(pools):
+    host, dev_k, dev_v = pools
+    _load(host, dev_k[0], dev_v[0], h_idx=torch.tensor([1, 1, 1]), d_idx=torch.tensor([3, 4, 5]))
+    _load(host, dev_k[0], dev_v[0], h_idx=torch.tensor([-1, 1, 2]), d_idx=torch.tensor([3, 3, -1]))
+    assert same_bits(dev_k[0][3], host[0, 1, 0])
