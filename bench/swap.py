@@ -59,6 +59,7 @@ class Timeline:
         self.events: list[tuple[float, str, str]] = []  # (time, pod, what)
         self.last: dict[tuple[str, str], str] = {}
         self.ip_pod: dict[str, str] = {}
+        self.slice_addrs: dict[str, set[str]] = {}  # client Service slice -> the addresses it listed last
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
 
@@ -95,15 +96,25 @@ class Timeline:
         conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
         if status.get("podIP"):
             self.ip_pod[status["podIP"]] = pod["metadata"]["name"]
-        self._note(pod["metadata"]["name"], "gate", conds.get("hicache.dev/serving"), t)
+        serving = (pod["metadata"].get("labels") or {}).get("hicache.dev/serving")
+        self._note(pod["metadata"]["name"], "gate", None if serving is None else str(serving == "true"), t)
         self._note(pod["metadata"]["name"], "ready", conds.get("Ready"), t)
 
     def _slice(self, t: float, endpoint_slice: dict) -> None:
+        """An endpoint that leaves the client Service's slice (its pod left serving) is noted
+        not ready."""
+        name = endpoint_slice["metadata"].get("name", "")
+        listed: set[str] = set()
         for e in endpoint_slice.get("endpoints") or []:
             ready = "True" if (e.get("conditions") or {}).get("ready") else "False"
             for addr in e.get("addresses") or []:
+                listed.add(addr)
                 if addr in self.ip_pod:
                     self._note(self.ip_pod[addr], "endpoint", ready, t)
+        for addr in self.slice_addrs.get(name, set()) - listed:
+            if addr in self.ip_pod:
+                self._note(self.ip_pod[addr], "endpoint", "False", t)
+        self.slice_addrs[name] = listed
 
     def start(self, pods: int) -> "Timeline":
         """Both watches running and every pod's gate, Ready and endpoint seen once."""

@@ -375,7 +375,7 @@ class Controller:
         meta = raw["metadata"]
         key = (meta["namespace"], meta["name"])
         secret, field = render.secret_ref(spec, meta["name"], "admin")
-        return self.swapper.step(self.kube.api, raw, spec, pods, now(),
+        return self.swapper.step(self.kube.api, raw, spec, pods,
                                  endpoints=lambda: self.informers.client_endpoints(key),
                                  key=self.kube.admin_key(meta["namespace"], secret, field), why=why)
 

@@ -16,6 +16,11 @@ def pod_is_ready(pod: dict) -> bool:
     return _pod_condition(pod, "Ready") == "True"
 
 
+def pod_serves(pod: dict) -> bool:
+    """Ready and in serving (not taken out by the swap planner): the client Service routes to it."""
+    return pod_is_ready(pod) and not gate.is_held(pod)
+
+
 def pod_runs(pod: dict) -> bool:
     """The pod's runtime is up (Running, every container started: its startup probe passed), so
     it runs a storage config; a Pending or still-starting pod runs none yet."""
@@ -28,12 +33,11 @@ STILL_CREATING = {"ContainerCreating", "PodInitializing"}  # waiting reasons tha
 
 
 def unavailable_reason(pod: dict) -> str | None:
-    """Why a pod that is not Ready counts against the fleet, or None while it is starting for
+    """Why a pod that does not serve counts against the fleet, or None while it is starting for
     the first time (pending, startup probe not passed yet: the kubelet's ``started``, not yet
-    admitted to serving, or started and not ready once since) or being readmitted (containers
-    ready, gate True, Ready not yet recomputed: the end of every swap). Loading a model takes
-    minutes, and that is progress, not a degraded fleet; a pod that cannot start, crashed, cannot
-    be scheduled, was ready and failed, or is held out of serving is a problem."""
+    admitted to serving, or started and not ready once since). Loading a model takes minutes,
+    and that is progress, not a degraded fleet; a pod that cannot start, crashed, cannot be
+    scheduled, was ready and failed, or is held out of serving is a problem."""
     status = pod.get("status") or {}
     containers = status.get("containerStatuses") or []
     for cs in containers:
@@ -52,14 +56,11 @@ def unavailable_reason(pod: dict) -> str | None:
         return "Unschedulable"
     if status.get("phase") == "Pending" or any(cs.get("started") is False for cs in containers):
         return None
-    serving = gate.serving_gate(pod)
-    if serving is None:
-        return None  # not admitted to serving yet: the operator sets the gate on first sight
-    if _pod_condition(pod, "ContainersReady") == "True":
-        # its containers are ready and Ready waits on the serving gate: just readmitted (the
-        # kubelet has yet to recompute Ready), or held out of serving
-        return None if serving else f"held out of serving ({gate.CONDITION} False)"
-    return None if _unready_since_start(pod, containers) else "not ready"
+    if gate.is_held(pod):
+        return f"held out of serving ({gate.LABEL}=false)"
+    if gate.serving_gate(pod) is None:
+        return None  # not admitted to serving yet: the operator sets the label on first sight
+    return None if pod_is_ready(pod) or _unready_since_start(pod, containers) else "not ready"
 
 
 def _last_line(text: Any, limit: int = 300) -> str:

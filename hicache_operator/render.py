@@ -182,7 +182,6 @@ def _affinity(spec: HiCacheDeploymentSpec, name: str) -> dict[str, Any]:
 def pod_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
                  process_backed: bool, include_storage: bool = True) -> dict[str, Any]:
     """The pod template; with include_storage False, the input of the restart hash."""
-    probe_path = "/health" if spec.engine == "sglang" else "/ready"
     http = {"port": "http"}
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -192,7 +191,7 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner
         "ports": [{"name": "http", "containerPort": flags.RUNTIME_PORT, "protocol": "TCP"}],
         "env": _env(spec, owner, include_storage),
         "resources": resources(spec, sizing, include_storage=include_storage),
-        "readinessProbe": {"httpGet": {**http, "path": probe_path}, "periodSeconds": 5, "timeoutSeconds": 2,
+        "readinessProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 5, "timeoutSeconds": 2,
                            "failureThreshold": 2},
         "startupProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 10, "timeoutSeconds": 5,
                          "failureThreshold": 180},
@@ -217,7 +216,6 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner
         annotations[labels.PROCESS_BACKED] = "true"
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
-        "readinessGates": gate.readiness_gates(),
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": spec.rollout.drain_timeout_seconds + 30,
@@ -238,7 +236,8 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner
         pod_spec["tolerations"] = list(spec.tolerations)
     if spec.host_network:
         pod_spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
-    return {"metadata": {"labels": {**labels.selector_labels(owner.name), labels.DEPLOYMENT: owner.name},
+    return {"metadata": {"labels": {**labels.selector_labels(owner.name), labels.DEPLOYMENT: owner.name,
+                                    **gate.template_labels()},
                          "annotations": annotations},
             "spec": pod_spec}
 
@@ -287,7 +286,7 @@ def service(owner: Owner) -> dict[str, Any]:
     return _stamp({
         "apiVersion": "v1", "kind": "Service",
         "metadata": _meta(owner, names(owner.name)["service"], CLIENT_SERVICE_COMPONENT),
-        "spec": {"type": "ClusterIP", "selector": labels.selector_labels(owner.name),
+        "spec": {"type": "ClusterIP", "selector": {**labels.selector_labels(owner.name), **gate.selector()},
                  "ports": [{"name": "http", "port": flags.RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]},
     })
 
@@ -333,9 +332,12 @@ def pdb(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
     return _stamp({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": _meta(owner, names(owner.name)["pdb"], "disruption-budget"),
-        # the same count restarts and swaps use (a PDB would round a percentage up, they round down)
-        "spec": {"maxUnavailable": resolve_max_unavailable(spec.rollout.max_unavailable, spec.replicas),
-                 "selector": {"matchLabels": labels.selector_labels(owner.name)}},
+        # Over the pods in serving, with the budget restarts and swaps use (a count: a PDB would
+        # round a percentage up, they round down): a pod taken out of serving is not selected,
+        # so it counts against the budget, and evictions wait while a swap uses it up.
+        "spec": {"minAvailable": max(0, spec.replicas - resolve_max_unavailable(spec.rollout.max_unavailable,
+                                                                                 spec.replicas)),
+                 "selector": {"matchLabels": {**labels.selector_labels(owner.name), **gate.selector()}}},
     })
 
 

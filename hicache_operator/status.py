@@ -22,7 +22,7 @@ from hicache_operator import labels
 from hicache_operator.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition, set_conditions
 from hicache_operator.pods import (
     annotation,
-    pod_is_ready,
+    pod_serves,
     pod_is_terminating,
     pod_runs,
     unavailable_reason,
@@ -63,7 +63,7 @@ class EffectiveConfig(_Model):
 class HiCacheDeploymentStatus(_Model):
     observed_generation: int | None = None
     replicas: int | None = Field(None, description="Pods that exist (not terminating).")
-    ready_replicas: int | None = Field(None, description="Pods that are Ready (containers and the serving gate).")
+    ready_replicas: int | None = Field(None, description="Pods that are Ready and in serving (not taken out by a swap or restart).")
     ready: str | None = Field(None, description="readyReplicas/spec.replicas, for the READY column.")
     selector: str | None = Field(None, description="Pod label selector (scale subresource).")
     conditions: list[Condition] = Field(default_factory=list)
@@ -239,7 +239,7 @@ def _fleet(o: Observed, swap: SwapView) -> _Fleet:
     replicas = o.spec_replicas if o.spec_replicas is not None else o.desired.replicas if o.desired else len(live)
     held = swap.records
     unready = {p["metadata"]["name"]: None if p["metadata"]["name"] in held else unavailable_reason(p)
-               for p in live if not pod_is_ready(p)}
+               for p in live if not pod_serves(p)}
     fleet = _Fleet(live=live, terminating=len(o.pods) - len(live), replicas=replicas,
                    ready=len(live) - len(unready), unready=unready, running=[p for p in live if pod_runs(p)])
     if o.desired is not None:

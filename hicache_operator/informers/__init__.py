@@ -90,7 +90,7 @@ class Informers:
 
     def slice_changed(self, namespace: str, slice_name: str, readiness: dict[str, bool] | None) -> set[str] | None:
         """Record one slice's readiness (None: deleted). None when nothing changed, else the
-        IPs it shows newly not ready."""
+        IPs it no longer shows ready (not ready, or gone)."""
         slot = (namespace, slice_name)
         with self._guard:
             before = self._slice_readiness.get(slot)
@@ -100,7 +100,8 @@ class Informers:
                 self._slice_readiness.pop(slot, None)
             else:
                 self._slice_readiness[slot] = readiness
-        return {ip for ip, ready in (readiness or {}).items() if not ready and (before or {}).get(ip) is True}
+        # an endpoint leaves the client Service's slices when its pod leaves serving
+        return {ip for ip, ready in (before or {}).items() if ready and not (readiness or {}).get(ip)}
 
     def note_gates(self, key: Key, gates: list[tuple[str, str, bool]]) -> None:
         """The serving gates a step patched, acknowledged by the API server: (pod, uid, serving).

@@ -21,7 +21,7 @@ from .storage_config import clip_message
 
 @dataclass(frozen=True)
 class SetServingGate:
-    """Set the pod's ``hicache.dev/serving`` condition (status subresource).
+    """Set the pod's ``hicache.dev/serving`` label (``gate``): in serving or out.
 
     ``runs``: on a readmission, the storage config (canonical dict) the
     runtime was just seen running, for the pod's storage annotations; None

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hicache_operator.pods import pod_serves
+
 AFTER = 0.3  # seconds; under load most flips reach the slice within 0.1-0.35 s, a refusal costs >= 1 s
 SETTLE = 0.02  # seconds after a write of the slices that left a flip out
 FIRST_INTERVAL = 0.3
@@ -37,15 +39,16 @@ MAX_INTERVAL = 8.0
 
 def unpublished(pods: list[dict], endpoints: dict[str, bool]) -> dict[str, bool]:
     """Pod name -> the readiness its endpoint should show and does not (``endpoints``: pod IP ->
-    ready, as the slices show it; a pod without an endpoint shows not ready). Pods being deleted
-    or without an IP are the controller's own business."""
+    ready, as the client Service's slices show it; a pod without an endpoint shows not ready, and
+    one taken out of serving should have none). Pods being deleted or without an IP are the
+    controller's own business."""
     out: dict[str, bool] = {}
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         ip = status.get("podIP")
         if meta.get("deletionTimestamp") or not ip or not meta.get("name"):
             continue
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        ready = pod_serves(pod)
         if bool(endpoints.get(ip)) != ready:
             out[meta["name"]] = ready
     return out

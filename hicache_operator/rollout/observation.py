@@ -19,9 +19,8 @@ from .storage_config import ReportedBackend
 class PodObservation(BaseModel):
     """One pod as seen at ``observed_at``.
 
-    ``serving_gate``: status of the pod's ``hicache.dev/serving`` condition
-    (None while the condition is absent, as on a new pod — Kubernetes keeps
-    such a pod not-Ready). ``endpoint_ready``: the ``ready`` condition of the
+    ``serving_gate``: the pod's ``hicache.dev/serving`` label (None when absent:
+    a pod from an older template, which no Service selects). ``endpoint_ready``: the ``ready`` condition of the
     pod's address in the Service's EndpointSlices (None when the address is
     in no slice, which also means "not routed"). ``backend``: the runtime's
     ``GET /hicache/storage-backend``, None when that failed (then

@@ -148,7 +148,8 @@ def _still_draining(state: SwapState, persisted: Mapping[str, str], seen: Mappin
     return [name for name, rec in state.pods.items()
             if rec.stage is Stage.DRAINING and persisted.get(name) == rec.uid and name not in called
             and name in seen and seen[name].uid == rec.uid and seen[name].serving_gate is False
-            and seen[name].endpoint_ready is False and not (seen[name].idle and seen[name].observed_at > rec.acted_at)]
+            and seen[name].endpoint_ready is not True
+            and not (seen[name].idle and seen[name].observed_at > rec.acted_at)]
 
 
 def _watched(seen: Mapping[str, PodObservation], ready: Mapping[str, bool | None]) -> dict[str, PodObservation]:

@@ -11,7 +11,7 @@ from hicache_operator import labels
 from hicache_operator.pods import pod_is_ready, pod_is_terminating
 from hicache_operator.spec import resolve_max_unavailable
 
-from .gate import serving_gate
+from .gate import is_held
 
 
 def _ordinal(pod: dict) -> int:
@@ -26,11 +26,6 @@ def _annotations(pod: dict) -> dict:
 
 def restart_hash_of(pod: dict) -> str | None:
     return _annotations(pod).get(labels.RESTART_HASH)
-
-
-def is_held(pod: dict) -> bool:
-    """Taken out of serving by the backend-swap planner (its serving gate is False)."""
-    return serving_gate(pod) is False
 
 
 def plan_restarts(pods: list[dict], restart_hash: str, max_unavailable: int | str, replicas: int) -> list[str]:

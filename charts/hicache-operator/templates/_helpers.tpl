@@ -80,15 +80,12 @@ reads of objects it only writes.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
-# kopf watches managed pods; kube.pods lists them, and pods on a stale template are deleted.
+# kopf watches managed pods; kube.pods lists them; pods on a stale template are deleted; the
+# hicache.dev/serving label takes a pod out of serving and back (with a readmission, the pod's
+# storage annotations travel in the same patch).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, delete]
-# The hicache.dev/serving readiness-gate condition (with a readmission, the pod's storage
-# annotations travel in the same patch).
-- apiGroups: [""]
-  resources: [pods/status]
-  verbs: [patch]
+  verbs: [list, watch, patch, delete]
 # Backend swaps gate on routability: is the pod's endpoint ready in its Service's slices?
 # (watched, so a swap step follows each endpoint change at once)
 - apiGroups: [discovery.k8s.io]

@@ -122,7 +122,7 @@ class Swapper:
         if fleet in self._admin_keys:
             self.drains.watch(fleet, pods, self._admin_keys[fleet], still_out, on_drained)
 
-    def step(self, api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: list[dict], now: str, *,
+    def step(self, api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: list[dict], *,
              endpoints: Callable[[], dict[str, bool]], key: str | None, why: str = "") -> StepResult:
         """Observe, then plan and act (again for pods whose runtime call succeeded, and for
         readmissions that finished meanwhile: ``rollout.passes``); returns what to persist.
@@ -149,7 +149,7 @@ class Swapper:
         settling: list[tuple[SetServingGate, Future]] = []
         renewals: list[Future] = []
         sent: dict[tuple[str, bool], float] = {}  # (pod, serving) -> when its gate patch went out, for the log
-        send = (core, fleet[0], target_fp, spec.hicache.storage.backend, now)
+        send = (core, fleet[0], target_fp, spec.hicache.storage.backend)
 
         async def observe_plan_act() -> Passes:
             async with shared_client() as http:
@@ -356,11 +356,10 @@ def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None,
                           observed_at=observed_at, **fields)
 
 
-def _send_gate(action: SetServingGate, core: client.CoreV1Api, namespace: str, target_fp: str, target_backend: str,
-               now: str) -> None:
-    with metrics.API_SECONDS.labels("patch", "Pod/status").time():
-        plain_json(core.patch_namespaced_pod_status, action.pod, namespace,
-                   gate.patch(action, target_fp, target_backend, now))
+def _send_gate(action: SetServingGate, core: client.CoreV1Api, namespace: str, target_fp: str,
+               target_backend: str) -> None:
+    with metrics.API_SECONDS.labels("patch", "Pod").time():
+        plain_json(core.patch_namespaced_pod, action.pod, namespace, gate.patch(action, target_fp, target_backend))
 
 
 def _send_gate_counted(action: SetServingGate, *send: Any) -> None:

@@ -40,8 +40,8 @@ def test_settle_with_nothing_in_flight():
 
 
 def gated_pod(name: str, uid: str, serving: bool | None) -> dict:
-    conds = [] if serving is None else [{"type": gate.CONDITION, "status": str(serving)}]
-    return {"metadata": {"name": name, "uid": uid}, "status": {"conditions": conds}}
+    labels = {} if serving is None else {gate.LABEL: str(serving).lower()}
+    return {"metadata": {"name": name, "uid": uid, "labels": labels}, "status": {}}
 
 
 def test_the_next_step_sees_the_gates_the_last_one_patched_until_the_watch_does():

@@ -41,12 +41,17 @@ def test_children_names_owner_and_rendered_hash():
     assert kids["StatefulSet"]["spec"]["serviceName"] == "demo-pods"
 
 
-def test_statefulset_is_on_delete_with_gate_probes_and_gpus():
+def test_statefulset_is_on_delete_with_serving_label_probes_and_gpus():
     _, kids = children({"parallelism": {"tp": 2, "pp": 2}, "engine": "sglang", "model": "Qwen/Qwen3-8B", "engineVersion": "0.5.23"})
     sts = kids["StatefulSet"]["spec"]
     assert sts["updateStrategy"] == {"type": "OnDelete"}
     ps = sts["template"]["spec"]
-    assert ps["readinessGates"] == [{"conditionType": "hicache.dev/serving"}]
+    # every new pod starts in serving; only the client Service and the PDB select on it
+    assert sts["template"]["metadata"]["labels"]["hicache.dev/serving"] == "true"
+    assert "hicache.dev/serving" not in sts["selector"]["matchLabels"] and "readinessGates" not in ps
+    assert kids["Service"]["spec"]["selector"]["hicache.dev/serving"] == "true"
+    assert "hicache.dev/serving" not in kids["Service/headless"]["spec"]["selector"]
+    assert kids["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]["hicache.dev/serving"] == "true"
     c = ps["containers"][0]
     assert c["readinessProbe"]["httpGet"] == {"port": "http", "path": "/health"}
     assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == "4"
@@ -57,7 +62,7 @@ def test_statefulset_is_on_delete_with_gate_probes_and_gpus():
 def test_bundled_probe_and_termination_message():
     _, kids = children({})
     c = pod_spec(kids)["containers"][0]
-    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"  # the same route for both engines
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
@@ -167,9 +172,11 @@ def test_generated_key_secrets_and_pdb():
         "demo-admin"]
     # the count restarts and swaps use: 25% of 7 rounds down to 1 (a PDB's own percentage would round up to 2)
     _, kids = children({"replicas": 7, "rollout": {"maxUnavailable": "25%"}})
-    assert kids["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    assert kids["PodDisruptionBudget"]["spec"]["minAvailable"] == 7 - 1
     _, kids = children({"replicas": 8, "rollout": {"maxUnavailable": "25%"}})
-    assert kids["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 2
+    assert kids["PodDisruptionBudget"]["spec"]["minAvailable"] == 8 - 2
+    _, kids = children({"replicas": 1, "rollout": {"maxUnavailable": 3}})
+    assert kids["PodDisruptionBudget"]["spec"]["minAvailable"] == 0
 
 
 def test_rendering_is_deterministic():

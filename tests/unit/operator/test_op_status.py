@@ -11,7 +11,7 @@ from op_helpers import body, gpu_node
 from hicache_operator import labels
 from hicache_operator.crdgen import PRINTER_COLUMNS
 from hicache_operator.reconcile import plan
-from hicache_operator.rollout.gate import CONDITION as SERVING_GATE
+from hicache_operator.rollout.gate import LABEL as SERVING
 from hicache_operator.rollout.restarts import plan_restarts
 from hicache_operator.spec import resolve_max_unavailable
 from hicache_operator.status import SwapView, build_status, failed
@@ -36,14 +36,12 @@ def pod(i, d=FILE, *, phase="Running", started=True, ready=True, restart=None, s
     told otherwise; its container started at STARTED_AT; ContainersReady last flipped at unready_since."""
     ann = {labels.RESTART_HASH: restart or d.restart_hash, labels.STORAGE_HASH: storage or d.storage_hash,
            labels.STORAGE_BACKEND: backend or d.backend}
-    meta = {"name": f"demo-{i}", "annotations": ann}
+    meta = {"name": f"demo-{i}", "annotations": ann, "labels": {} if gate is None else {SERVING: gate.lower()}}
     if terminating:
         meta["deletionTimestamp"] = "2025-01-01T00:00:00Z"
     state = {"waiting": {"reason": waiting}} if waiting else {"running": {"startedAt": STARTED_AT}}
     conds = [{"type": "Ready", "status": str(ready)},
              {"type": "ContainersReady", "status": str(ready), "lastTransitionTime": unready_since}]
-    if gate is not None:
-        conds.append({"type": SERVING_GATE, "status": gate})
     return {"metadata": meta, "status": {"phase": phase, "conditions": conds, "containerStatuses": [
         {"name": "runtime", "started": started, "ready": ready, "restartCount": restarts, "state": state}]}}
 
@@ -248,17 +246,15 @@ def test_pods_loading_their_model_are_progress_not_degradation():
     assert c["Degraded"]["status"] == "False" and c["Ready"]["status"] == "False"
 
 
-def test_a_pod_readmitted_after_a_swap_whose_ready_is_not_yet_recomputed_is_not_degradation():
-    """The last pod of a swap: gate True and storage annotations written together, containers
-    ready, Ready still False until the kubelet recomputes it."""
-    readmitted = pod(1, ready=False, unready_since="2025-01-01T10:07:00Z")
-    next(c for c in readmitted["status"]["conditions"] if c["type"] == "ContainersReady")["status"] = "True"
-    c = conds(derive(desired=FILE, pods=[pod(0), readmitted]))
+def test_a_pod_held_out_of_serving_counts_as_not_ready_and_is_degradation_only_without_a_swap_record():
+    """A pod taken out of serving stays Ready (its probe passes) but the client Service no longer
+    selects it: READY does not count it; during its swap it is progress, otherwise a problem."""
+    held = pod(1, gate="False")
+    c = conds(derive(desired=FILE, pods=[pod(0), held], swap=swap(in_progress=True, records=["demo-1"])))
     assert c["Degraded"]["status"] == "False", c["Degraded"]
-    assert (c["Progressing"]["reason"], c["Ready"]["status"]) == ("PodsStarting", "False")
-    next(c for c in readmitted["status"]["conditions"] if c["type"] == SERVING_GATE)["status"] = "False"
-    c = conds(derive(desired=FILE, pods=[pod(0), readmitted]))
-    assert c["Degraded"]["message"] == "1 of 2 pod(s) ready; demo-1: held out of serving (hicache.dev/serving False)"
+    assert c["Ready"]["message"] == "1/2 pod(s) ready"
+    c = conds(derive(desired=FILE, pods=[pod(0), held]))
+    assert c["Degraded"]["message"] == "1 of 2 pod(s) ready; demo-1: held out of serving (hicache.dev/serving=false)"
 
 
 @pytest.mark.parametrize("broken, why", [

@@ -17,8 +17,7 @@ NAMESPACED = {
     ("", "configmaps"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
-    ("", "pods"): {"list", "watch", "delete"},
-    ("", "pods/status"): {"patch"},
+    ("", "pods"): {"list", "watch", "patch", "delete"},
     ("discovery.k8s.io", "endpointslices"): {"list", "watch"},
     ("", "events"): {"create"},
 }

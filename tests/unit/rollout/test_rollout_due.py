@@ -13,8 +13,8 @@ def spec(backend="none"):
 
 def pod(serving, deleting=False):
     meta = {"name": "p", "deletionTimestamp": "2025-01-01T00:00:00Z"} if deleting else {"name": "p"}
-    conds = [] if serving is None else [{"type": gate.CONDITION, "status": serving}]
-    return {"metadata": meta, "status": {"conditions": conds}}
+    meta["labels"] = {} if serving is None else {gate.LABEL: serving.lower()}
+    return {"metadata": meta, "status": {}}
 
 
 def status(s, phase="Complete", pods=None):
