@@ -270,12 +270,12 @@ class Controller:
             post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
             why = f"{request.trigger} waited={waited:.3f}"
 
-            def swap_step(p: Plan, pods: list[dict]) -> act.StepResult | None:
+            def swap_step(p: Plan, pods: list[dict], restart_hash: str | None) -> act.StepResult | None:
                 spec = p.outcome.spec
                 if p.outcome.ok and spec is not None and (pods or due.pending(previous)) and (
-                        request.trigger == "resync" or due.needed(previous, spec, pods)):
+                        request.trigger == "resync" or due.needed(previous, spec, pods, restart_hash)):
                     self.stepping.add(key)  # until its status is written (see slice_event)
-                    return self._swap_step(raw, spec, pods, why)
+                    return self._swap_step(raw, spec, pods, restart_hash, why)
                 return None
             assert self.informers.nodes is not None
             try:
@@ -296,7 +296,6 @@ class Controller:
                     metrics.VALIDATION_FAILURES.labels(f.rule).inc()
                 elif f.severity == "normalised":
                     metrics.NORMALISATIONS.labels(f.rule).inc()
-        metrics.POD_RESTARTS.inc(len(result.deleted_pods))
         metrics.RECONCILES.labels(request.trigger, "ok" if outcome.ok else "invalid").inc()
         self._post(raw, result, previous)
         return result
@@ -370,14 +369,16 @@ class Controller:
             return False
         return True
 
-    def _swap_step(self, raw: dict, spec: HiCacheDeploymentSpec, pods: list[dict], why: str) -> act.StepResult:
-        """One backend-swap step on the pods as this reconcile sees them."""
+    def _swap_step(self, raw: dict, spec: HiCacheDeploymentSpec, pods: list[dict], restart_hash: str | None,
+                   why: str) -> act.StepResult:
+        """One swap step (swaps and drained restarts) on the pods as this reconcile sees them."""
         meta = raw["metadata"]
         key = (meta["namespace"], meta["name"])
         secret, field = render.secret_ref(spec, meta["name"], "admin")
         return self.swapper.step(self.kube.api, raw, spec, pods,
                                  endpoints=lambda: self.informers.client_endpoints(key),
-                                 key=self.kube.admin_key(meta["namespace"], secret, field), why=why)
+                                 key=self.kube.admin_key(meta["namespace"], secret, field),
+                                 restart_hash=restart_hash, why=why)
 
     @staticmethod
     def _swap_events(result: Result, step: act.StepResult) -> float | None:

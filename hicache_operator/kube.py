@@ -210,13 +210,6 @@ class Kube:
         with API_SECONDS.labels("list", "Pod").time():
             return plain_json(self.core.list_namespaced_pod, namespace, label_selector=sel).get("items") or []
 
-    def delete_pod(self, namespace: str, name: str) -> None:
-        try:
-            self.core.delete_namespaced_pod(name, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
     def touch_service(self, namespace: str, name: str, stamp: str) -> None:
         """Set the Service's ``labels.ENDPOINTS_RESYNC`` annotation (its own field manager: the
         children's apply leaves it alone). An update of the Service is what makes the EndpointSlice

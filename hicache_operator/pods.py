@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from hicache_operator import labels
 from hicache_operator.rollout import gate
 
 
@@ -98,3 +99,8 @@ def _pod_condition(pod: dict, ctype: str) -> str | None:
 
 def annotation(pod: dict, key: str) -> str | None:
     return ((pod.get("metadata") or {}).get("annotations") or {}).get(key)
+
+
+def restart_hash_of(pod: dict) -> str | None:
+    """The hash of the pod template the pod was created from (everything but storage)."""
+    return annotation(pod, labels.RESTART_HASH)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hicache_operator import labels, render, sizing
-from hicache_operator.rollout import restarts
 from hicache_operator.kube import Kube
+from hicache_operator.pods import restart_hash_of
 from hicache_operator.rules import rule
 from hicache_operator.status import Desired, EffectiveConfig, RuleNote, build_status
 from hicache_operator.validation import Finding, Outcome, validate
@@ -34,7 +34,6 @@ class Plan:
 class Result:
     status: dict[str, Any]
     plan: Plan
-    deleted_pods: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     pods: list[dict[str, Any]] = field(default_factory=list)  # as listed in this reconcile
     alongside: Any = None  # what ``reconcile``'s ``alongside`` returned
@@ -124,29 +123,27 @@ def apply_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> list[str]
 def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, apply: bool, now: str,
               process_backed: bool = False, post_findings: bool = False, cached_pods: list[dict] | None = None,
               new_key: Callable[[], str] = lambda: secrets.token_urlsafe(32),
-              alongside: Callable[[Plan, list[dict]], Any] | None = None, defer_workload: bool = False) -> Result:
+              alongside: Callable[[Plan, list[dict], str | None], Any] | None = None,
+              defer_workload: bool = False) -> Result:
     """Bring the children in line with the spec (``apply``) and compute the status.
 
-    With ``apply`` False nothing is rendered onto the cluster: the reconcile only deletes stale
-    pods and recomputes the status (the cheap path run on pod and node events).
-    ``cached_pods`` (the pods as the operator's watch last saw them) spare a list call, except
-    while pods are to be restarted: deleting within the maxUnavailable budget needs them fresh.
-    ``alongside(plan, pods)`` (a backend-swap step) runs once the spec is valid: while the children
-    are applied when no pod is to be restarted (a swap's first pod leaves serving without waiting
-    for those writes), else after the restarts, so it sees the pods they delete as terminating
-    and the two never spend the same maxUnavailable budget twice.
-    ``defer_workload``: when no pod is to be restarted (the status then does not depend on the
-    StatefulSet's apply), leave that apply, and the wait for the Services and the PDB, to the
-    caller as ``Result.workload``, so they go on while the status is written.
+    With ``apply`` False nothing is rendered onto the cluster: the reconcile only recomputes the
+    status (the cheap path run on pod and node events). ``cached_pods``: the pods as the
+    operator's watch last saw them (spares a list call).
+    ``alongside(plan, pods, restart_hash)`` (a swap step, which also restarts pods on an older
+    template, drained first) runs once the spec is valid: while the children are applied when
+    every pod runs the current template (a swap's first pod leaves serving without waiting for
+    those writes), else after them, with ``restart_hash`` the template's restart hash once the
+    StatefulSet carries it (None while it does not: no pod is restarted into an older one).
+    ``defer_workload``: when every pod runs the current template, leave the StatefulSet's apply,
+    and the wait for the Services and the PDB, to the caller as ``Result.workload``, so they go
+    on while the status is written.
     """
     meta = body["metadata"]
     name, ns, generation = meta["name"], meta.get("namespace", "default"), int(meta.get("generation") or 0)
     p = plan(body, nodes, process_backed=process_backed)
     events = finding_events(p.outcome) if post_findings else []
-    pods = cached_pods
-    if pods is None or p.desired is None or any(
-            restarts.restart_hash_of(pod) != p.desired.restart_hash for pod in pods):
-        pods = kube.pods(ns, name)
+    pods = cached_pods if cached_pods is not None else kube.pods(ns, name)
     previous = body.get("status") or {}
     if p.desired is None:
         errors = [(f.rule, f.message) for f in p.outcome.errors]
@@ -156,7 +153,7 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     assert spec is not None
     degraded: list[tuple[str, str]] = []
 
-    no_restarts = all(restarts.restart_hash_of(pod) == p.desired.restart_hash for pod in pods)
+    no_restarts = all(restart_hash_of(pod) == p.desired.restart_hash for pod in pods)
     later = apply and defer_workload and no_restarts
     early, workload = None, None
 
@@ -169,7 +166,7 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
         created, workload = start_children(kube, p, new_key)
         return created
     if apply and alongside is not None and pods and no_restarts:
-        early = kube.submit(lambda: alongside(p, pods))
+        early = kube.submit(lambda: alongside(p, pods, p.desired.restart_hash))
         try:
             secret_created = children()
         finally:
@@ -186,17 +183,6 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
         elif (given or not apply) and not kube.secret_exists(ns, secret_name):
             degraded.append((f"{reason}SecretMissing", f"Secret {secret_name} with {what} does not exist"))
 
-    deleted: list[str] = []
-    template_hash = None if no_restarts else kube.template_hash(ns, name)  # no stale pod: nothing to delete
-    if template_hash == p.desired.restart_hash:  # only restart into a template that is already live
-        deleted = restarts.plan_restarts(pods, template_hash, spec.rollout.max_unavailable, spec.replicas)
-        for pod_name in deleted:
-            kube.delete_pod(ns, pod_name)
-            events.append(("Normal", "RestartingPod", f"deleted pod {pod_name} to apply the new pod template"))
-        for pod in pods:
-            if pod["metadata"]["name"] in deleted:
-                pod["metadata"]["deletionTimestamp"] = now
-
     never_fitted = next((f for f in p.outcome.findings if f.rule == "no-eligible-nodes-yet"), None)
     if never_fitted is not None:
         degraded.append(("NoEligibleNodes", never_fitted.message))
@@ -207,5 +193,11 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
 
     status = build_status(generation=generation, previous=previous, desired=p.desired, errors=[], pods=pods,
                           degraded=degraded, now=now)
-    beside = early.result() if early is not None else alongside(p, pods) if alongside is not None else None
-    return Result(status, p, deleted, events, pods, beside, workload)
+    if early is not None:
+        beside = early.result()
+    elif alongside is not None:
+        live = no_restarts or kube.template_hash(ns, name) == p.desired.restart_hash
+        beside = alongside(p, pods, p.desired.restart_hash if live else None)
+    else:
+        beside = None
+    return Result(status, p, events, pods, beside, workload)

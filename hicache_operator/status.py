@@ -65,6 +65,9 @@ class HiCacheDeploymentStatus(_Model):
     replicas: int | None = Field(None, description="Pods that exist (not terminating).")
     ready_replicas: int | None = Field(None, description="Pods that are Ready and in serving (not taken out by a swap or restart).")
     ready: str | None = Field(None, description="readyReplicas/spec.replicas, for the READY column.")
+    updated_replicas: int | None = Field(
+        None, description="Pods (not terminating) created from the current pod template; the others are restarted, "
+                          "drained first, within rollout.maxUnavailable.")
     selector: str | None = Field(None, description="Pod label selector (scale subresource).")
     conditions: list[Condition] = Field(default_factory=list)
     effective_config: EffectiveConfig | None = Field(
@@ -215,6 +218,8 @@ def derive(o: Observed) -> Status:
             out["sizing"] = o.desired.sizing.dump()
     else:  # what the pods of the last valid spec run
         out.update({k: o.previous[k] for k in carried if o.previous.get(k) is not None})
+    if o.desired is not None:
+        out["updatedReplicas"] = sum(1 for p in fleet.live if annotation(p, labels.RESTART_HASH) == o.desired.restart_hash)
     if fleet.current_backend is not None:
         out["currentBackend"] = fleet.current_backend
     if fleet.target_hash is not None:
@@ -273,7 +278,8 @@ def _progressing(o: Observed, swap: SwapView, fleet: _Fleet) -> tuple[str | None
         return None, "ConfigInvalid", "nothing is rolled out while the spec is invalid (see ConfigValid)"
     stale = [p for p in fleet.live if annotation(p, labels.RESTART_HASH) != o.desired.restart_hash]
     if stale:
-        return "RollingRestart", "RollingRestart", f"{len(stale)} of {len(fleet.live)} pod(s) run an older pod template"
+        return "RollingRestart", "RollingRestart", (f"{len(stale)} of {len(fleet.live)} pod(s) run an older pod "
+                                                    "template; each is drained, then restarted")
     if fleet.terminating:
         return "PodsTerminating", "PodsTerminating", f"{fleet.terminating} pod(s) terminating"
     if len(fleet.live) != fleet.replicas:

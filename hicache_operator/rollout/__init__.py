@@ -7,8 +7,9 @@ talks to the API server or to a runtime lives in ``act/`` and decides nothing.
 Decide (pure): ``storage_config`` (the target and what runtimes report), ``observation``
 (one pod seen once), ``state`` (``status.backendSwap``), ``actions``, ``planner`` (``plan_step``:
 one pass), ``passes`` (a step of several passes, through injected ``execute``/``reobserve``),
-``gate`` (the serving gate's constant, reading and patch body), ``due`` (is a step due?),
-``restarts`` (which stale pods to delete), ``endpoint_lag`` (when a Service needs a touch).
+``gate`` (serving membership: the label's key, reading and patch body), ``due`` (is a step
+due?), ``endpoint_lag`` (when a Service needs a touch). Restarts of pods on an older pod
+template are the planner's too: drained like a swap, then deleted.
 
 Act (I/O, ``act/``): ``executor.Swapper`` (observe, run the passes, send their actions),
 ``runtime_client`` (one pod's admin API), ``views`` (reads and which to reuse), ``drains``
@@ -21,6 +22,7 @@ from .actions import (
     Action,
     ActionOutcome,
     Attach,
+    DeletePod,
     Detach,
     Event,
     SetServingGate,
@@ -44,6 +46,7 @@ __all__ = [
     "Action",
     "ActionOutcome",
     "Attach",
+    "DeletePod",
     "Detach",
     "Event",
     "Failure",

@@ -51,7 +51,16 @@ class Attach:
     payload: dict[str, Any]
 
 
-Action = Union[SetServingGate, Detach, Attach]
+@dataclass(frozen=True)
+class DeletePod:
+    """Delete the pod (uid precondition), so its StatefulSet creates it again from the current
+    template: a restart, made only once the pod is drained."""
+
+    pod: str
+    uid: str
+
+
+Action = Union[SetServingGate, Detach, Attach, DeletePod]
 
 
 @dataclass(frozen=True)

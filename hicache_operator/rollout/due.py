@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hicache_operator import render
+from hicache_operator.pods import restart_hash_of
 from hicache_operator.spec import HiCacheDeploymentSpec
 
 from .gate import serving_gate
@@ -16,9 +17,10 @@ def pending(status: dict | None) -> bool:
     return swap.get("phase") == "InProgress" or bool(swap.get("pods"))
 
 
-def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict]) -> bool:
+def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict], restart_hash: str | None = None) -> bool:
     """Whether a step could do anything: a swap pending, a target the last step did not plan
-    for, or a live pod not (or no longer) admitted. Otherwise the fleet is settled and the
+    for, a live pod not (or no longer) in serving, or one to restart (``restart_hash``: the
+    template's, once the StatefulSet carries it). Otherwise the fleet is settled and the
     observation (a GET per pod) is skipped; the periodic resync still steps regardless, so
     drift nobody reported is found within one interval."""
     swap_state = (status or {}).get("backendSwap")
@@ -26,4 +28,6 @@ def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict]) -
         return True
     if swap_state.get("target") != storage_fingerprint(render.storage_config(spec)):
         return True
-    return any(serving_gate(p) is not True for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp"))
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    return any(serving_gate(p) is not True or restart_hash is not None and restart_hash_of(p) != restart_hash
+               for p in live)

@@ -27,7 +27,9 @@ class PodObservation(BaseModel):
     ``runtime_error`` says why). ``in_flight``/``queued``: the runtime's
     ``sglang:num_running_reqs``/``sglang:num_queue_reqs``, None when unknown.
     ``started_on_target``: the pod was created with the target storage config
-    on its command line (its template carried it).
+    on its command line (its template carried it). ``stale_template``: the pod
+    runs an older pod template than the one its StatefulSet now carries (a
+    restart brings it the new one).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -43,6 +45,7 @@ class PodObservation(BaseModel):
     queued: NonNegativeInt | None = None
     runtime_error: str | None = None
     started_on_target: bool = False
+    stale_template: bool = False
     observed_at: AwareDatetime
 
     @property

@@ -59,6 +59,17 @@ A pod started on the target whose runtime could not attach it (an unreachable
 Mooncake master at start: it serves from L1+L2) is not swapped: a new fleet on
 its target is no swap, and the attach already failed once. It is listed in
 ``unattached`` (the operator reports it as Degraded) until it runs the target.
+
+Restarts share the budget and the drain. A pod that runs an older pod template
+than its StatefulSet now carries (``stale_template``: a new image, model or
+engine flag) gets a record with purpose ``restart``: taken out of serving,
+drained like a swap, then deleted (``DeletePod``, stage Restarting) so the
+StatefulSet creates it again from the new template; the record ends when the
+pod is gone. Highest ordinal first, before any swap (a restarted pod starts on
+the target storage config). A stale pod that is not serving anyway is deleted
+at once, at no cost to the budget. A drain that times out restarts the pod
+anyway (a Warning says so): a restart must not wait forever on a stuck
+request. A failed swap does not stop restarts.
 """
 
 from __future__ import annotations
@@ -70,7 +81,7 @@ from typing import Any, Mapping, Sequence
 
 from hicache_operator.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition
 
-from .actions import Action, Attach, Detach, Event, SetServingGate, SwapPlan
+from .actions import Action, Attach, DeletePod, Detach, Event, SetServingGate, SwapPlan
 from .observation import PodObservation, RolloutSettings
 from .state import Failure, InvalidSwapState, Phase, PodSwap, Stage, SwapState
 from .storage_config import (
@@ -188,8 +199,13 @@ class _Planner:
         obs = self.pods.get(name)
         if obs is None or not obs.live or obs.uid != rec.uid:
             del self.records[name]
+            if rec.stage is Stage.RESTARTING:
+                self._event("Normal", "PodRestarted", f"pod {name} was deleted to run the new pod template; "
+                            "the StatefulSet creates it again", name)
+                return
             why = "disappeared" if obs is None else "is terminating" if not obs.live else "was replaced (new uid)"
-            self._event("Normal", "PodLeftSwap", f"pod {name} {why} during its backend swap ({rec.stage.value}); "
+            what = "restart" if rec.purpose == "restart" else "backend swap"
+            self._event("Normal", "PodLeftSwap", f"pod {name} {why} during its {what} ({rec.stage.value}); "
                         "a replacement is judged afresh", name)
             return
         if rec.stage is not Stage.READMITTING and self._fresh(obs, rec) and obs.available:
@@ -203,6 +219,7 @@ class _Planner:
             Stage.SWAPPING: self._swapping,
             Stage.ROLLING_BACK: self._rolling_back,
             Stage.READMITTING: self._readmitting,
+            Stage.RESTARTING: self._restarting,
         }
         for _ in range(_MAX_TRANSITIONS):
             rec = self.records.get(name)
@@ -211,6 +228,8 @@ class _Planner:
 
     def _draining(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
         fresh = self._fresh(obs, rec)
+        if rec.purpose == "restart":
+            return self._draining_for_restart(name, rec, obs, fresh)
         if self.failed:
             self._event("Normal", "PodSwapAborted", f"rollout stopped; returning pod {name} to serving", name)
             self._set(name, self._moved(rec, Stage.ROLLING_BACK))
@@ -227,6 +246,31 @@ class _Planner:
         if fresh and obs.serving_gate is not False:
             self._act(name, rec, SetServingGate(name, rec.uid, False))
         return False
+
+    def _draining_for_restart(self, name: str, rec: PodSwap, obs: PodObservation, fresh: bool) -> bool:
+        """Delete the pod once drained (or once its runtime is gone: nothing left to drain), or
+        when the drain times out."""
+        out = obs.serving_gate is False and obs.endpoint_ready is not True
+        if fresh and out and (obs.idle or not obs.reachable):
+            self._delete(name, rec)
+            return False
+        if self._timed_out(rec):
+            self._event("Warning", "DrainTimeout", f"pod {name} not drained after {self._elapsed(rec):.0f}s "
+                        f"({self._blockers(obs, fresh)}); restarting it anyway", name)
+            self._delete(name, rec)
+            return False
+        if fresh and obs.serving_gate is not False:
+            self._act(name, rec, SetServingGate(name, rec.uid, False))
+        return False
+
+    def _restarting(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
+        """Deleted, yet seen alive after the deletion (the call failed): delete it again."""
+        if self._fresh(obs, rec):
+            self._act(name, rec, DeletePod(name, rec.uid))
+        return False
+
+    def _delete(self, name: str, rec: PodSwap) -> None:
+        self._act(name, self._moved(rec, Stage.RESTARTING), DeletePod(name, rec.uid))
 
     def _swapping(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
         result = self._converge(name, obs, self.target, self.target_fp)
@@ -347,6 +391,10 @@ class _Planner:
         for obs in live:
             if obs.name in self.records or obs.name in self.acted or obs.serving_gate is not False:
                 continue
+            if obs.stale_template:  # out of serving already: its restart drains it from here
+                self._set(obs.name, PodSwap(uid=obs.uid, stage=Stage.DRAINING, since=self.now,
+                                            acted_at=self.now, purpose="restart"))
+                continue
             previous = obs.backend.to_config() if obs.reachable else None
             needs_swap = obs.reachable and not config_matches(obs.backend, self.target) and not obs.start_failure
             rec = PodSwap(uid=obs.uid, stage=Stage.DRAINING, since=self.now, acted_at=self.now,
@@ -364,11 +412,19 @@ class _Planner:
         unavailable = {o.name for o in live if not o.available} | set(self.records)
         budget = self.settings.budget(self._fleet_size(live))
         absent = self._absent(live)
+        stale = sorted((o for o in live if o.stale_template and o.name not in self.records
+                        and o.name not in self.acted), key=lambda o: natural_key(o.name), reverse=True)
+        for obs in stale:
+            if obs.name in unavailable:  # not serving anyway: no drain, no cost to the budget
+                self._restart_now(obs)
+            elif len(unavailable) + absent < budget:
+                unavailable.add(obs.name)
+                self._start_restart(obs)
         candidates = [
             o for o in live
             if o.name not in self.records and o.name not in self.acted and o.phase == "Running"
             and o.serving_gate is not False and o.reachable and not config_matches(o.backend, self.target)
-            and not o.start_failure
+            and not o.start_failure and not o.stale_template
         ]
         if not self.failed:
             candidates.sort(key=lambda o: (o.name not in unavailable, natural_key(o.name)))
@@ -389,6 +445,18 @@ class _Planner:
         self._event("Normal", "PodDraining", f"taking pod {obs.name} out of serving to swap its storage backend "
                     f"from {obs.backend.describe()} to {self.target.describe()}", obs.name)
 
+    def _start_restart(self, obs: PodObservation) -> None:
+        rec = PodSwap(uid=obs.uid, stage=Stage.DRAINING, since=self.now, acted_at=self.now, purpose="restart")
+        self._act(obs.name, rec, SetServingGate(obs.name, obs.uid, False))
+        self._event("Normal", "PodDraining", f"taking pod {obs.name} out of serving to restart it with the new "
+                    "pod template", obs.name)
+
+    def _restart_now(self, obs: PodObservation) -> None:
+        rec = PodSwap(uid=obs.uid, stage=Stage.RESTARTING, since=self.now, acted_at=self.now, purpose="restart")
+        self._act(obs.name, rec, DeletePod(obs.name, obs.uid))
+        self._event("Normal", "RestartingPod", f"deleting pod {obs.name}, which does not serve, to run the new pod "
+                    "template", obs.name)
+
     def _admit(self, obs: PodObservation) -> None:
         self.actions.append(SetServingGate(obs.name, obs.uid, True))
         self.acted.add(obs.name)
@@ -403,9 +471,10 @@ class _Planner:
                       and o.name not in unattached]
         unknown = [o for o in live if not o.reachable]
         fleet = self._fleet_size(live)
-        done = sum(1 for o in matching if o.name not in self.records)
+        swapping = {n for n, r in self.records.items() if r.purpose == "swap"}  # restarts are no swap
+        done = sum(1 for o in matching if o.name not in swapping)
         if not self.failed:
-            if self.records or mismatched:
+            if swapping or mismatched:
                 self._in_progress()
             elif not unknown and not self._absent(live) and all(o.available for o in live):
                 if self.state.phase is not Phase.COMPLETE and self.prior is not None and not self.state.initial:

@@ -32,12 +32,16 @@ class Stage(str, Enum):
     SWAPPING = "Swapping"  # drained; detach/attach until the runtime reports the target
     ROLLING_BACK = "RollingBack"  # the swap failed; detach/attach until it reports `previous`
     READMITTING = "Readmitting"  # serving gate True; waiting for the endpoint to be ready again
+    RESTARTING = "Restarting"  # drained and deleted, for the new pod template; waiting for it to go
 
 
 class PodSwap(_StatusModel):
     uid: str
     # read from "step" too: the field's name in records written by earlier releases of the operator
     stage: Stage = Field(validation_alias=AliasChoices("stage", "step"))
+    # swap: the L3 backend changes at runtime; restart: the pod is drained, then deleted so it comes
+    # back with the current pod template (image, model, engine flags)
+    purpose: Literal["swap", "restart"] = "swap"
     since: AwareDatetime  # entered `stage`; the stage's timeout counts from here
     acted_at: AwareDatetime  # last action for this pod; observations not after it are stale
     previous: dict[str, Any] | None = None  # canonical config to restore; None = unknown

@@ -27,15 +27,17 @@ from typing import Any, Callable
 
 import httpx
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from hicache_operator import labels, metrics, render
 from hicache_operator.conditions import Condition
 from hicache_operator.flags import RUNTIME_PORT
 from hicache_operator.kube import plain_json
+from hicache_operator.pods import restart_hash_of
 from hicache_operator.spec import HiCacheDeploymentSpec
 
 from .. import gate
-from ..actions import ActionOutcome, Attach, Detach, Event, SetServingGate
+from ..actions import ActionOutcome, Attach, DeletePod, Detach, Event, SetServingGate
 from ..observation import PodObservation, RolloutSettings
 from ..passes import Passes, run_handover, run_passes, watch_will_follow
 from ..state import Stage
@@ -123,12 +125,14 @@ class Swapper:
             self.drains.watch(fleet, pods, self._admin_keys[fleet], still_out, on_drained)
 
     def step(self, api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: list[dict], *,
-             endpoints: Callable[[], dict[str, bool]], key: str | None, why: str = "") -> StepResult:
+             endpoints: Callable[[], dict[str, bool]], key: str | None, restart_hash: str | None = None,
+             why: str = "") -> StepResult:
         """Observe, then plan and act (again for pods whose runtime call succeeded, and for
         readmissions that finished meanwhile: ``rollout.passes``); returns what to persist.
         ``pods`` as the operator's watch sees them; ``endpoints()``: pod IP -> ready in the
         client Service's EndpointSlices as the watch sees them now; ``key``: the admin API key;
-        ``why``: the trigger, for the log."""
+        ``restart_hash``: the pod template's restart hash once the StatefulSet carries it (pods
+        with another one are restarted), None while it does not yet; ``why``: the trigger."""
         t0, wall0 = time.monotonic(), time.time()
         endpoints_then = endpoints()
         meta = body["metadata"]
@@ -150,13 +154,14 @@ class Swapper:
         renewals: list[Future] = []
         sent: dict[tuple[str, bool], float] = {}  # (pod, serving) -> when its gate patch went out, for the log
         send = (core, fleet[0], target_fp, spec.hicache.storage.backend)
+        observe = lambda pod, read: _observation(pod, endpoints_then, read, target_fp, restart_hash)  # noqa: E731
 
         async def observe_plan_act() -> Passes:
             async with shared_client() as http:
                 rolling = isinstance(swap_state, dict) and (swap_state.get("phase") == "InProgress" or
                                                             swap_state.get("target") != target_fp)
                 observations, renew = await self._observe(http, fleet, pods, endpoints_then, stages, key,
-                                                          target_fp, rolling, acted)
+                                                          observe, rolling, acted)
                 timings["observe"] = time.monotonic()
                 if renew and (renewal := self._renew(fleet, [(by_uid[v.uid], v) for v in renew], key)) is not None:
                     renewals.append(renewal)
@@ -175,7 +180,7 @@ class Swapper:
                     named = [n for n in names if ips.get(n)]
                     reads = await asyncio.gather(*(read_pod(http, by_name[n], key) for n in named))
                     self.views.update(fleet, reads)
-                    return [_observation(by_name[n], endpoints_then, r, target_fp) for n, r in zip(named, reads)]
+                    return [observe(by_name[n], r) for n, r in zip(named, reads)]
 
                 clock = lambda: dt.datetime.now(dt.timezone.utc)  # noqa: E731
 
@@ -213,7 +218,8 @@ class Swapper:
                           renewals[0] if renewals else None, gates, busy_drains(run, by_name))
 
     async def _observe(self, http: httpx.AsyncClient, fleet: Fleet, pods: list[dict], endpoints: dict[str, bool],
-                       stages: dict[str, str | None], key: str | None, target_fp: str, rolling: bool,
+                       stages: dict[str, str | None], key: str | None,
+                       observe: Callable[[dict, CachedView | None], PodObservation], rolling: bool,
                        acted: dict[str, dt.datetime]) -> tuple[list[PodObservation], list[CachedView]]:
         """Each pod as seen now: gate and endpoint from the watches, its runtime from a GET made
         now, or from an earlier read where a new one could not change the plan, or need not
@@ -261,7 +267,7 @@ class Swapper:
                 if read is None:
                     read = await read_pod(http, pod, key)
                 kept.append(read)
-            return _observation(pod, endpoints, read, target_fp)
+            return observe(pod, read)
         observations = list(await asyncio.gather(*(one(p) for p in pods)))
         self.views.replace(fleet, kept)
         return observations, renew
@@ -298,6 +304,8 @@ class Swapper:
                 if isinstance(action, SetServingGate):
                     sent[(action.pod, action.serving)] = time.time()
                     await asyncio.get_running_loop().run_in_executor(self._gate_patches, _send_gate, action, *send)
+                elif isinstance(action, DeletePod):
+                    await asyncio.get_running_loop().run_in_executor(self._gate_patches, _delete_pod, action, *send)
                 else:
                     ip = ips.get(action.pod)
                     if not ip:
@@ -340,9 +348,10 @@ def _acted_at(record: Any) -> dt.datetime | None:
     return when if when is not None and when.tzinfo is not None else None
 
 
-def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None, target_fp: str) -> PodObservation:
+def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None, target_fp: str,
+                 restart_hash: str | None) -> PodObservation:
     """``target_fp``: the target's fingerprint, which a pod created from a template carrying
-    it has in its storage annotation."""
+    it has in its storage annotation; ``restart_hash``: see ``Swapper.step``."""
     meta, status = pod["metadata"], pod.get("status") or {}
     ip = status.get("podIP")
     fields: dict[str, Any] = {"runtime_error": "pod has no IP yet"}
@@ -353,6 +362,7 @@ def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None,
                           deletion_timestamp=_parse_time(meta.get("deletionTimestamp")),
                           serving_gate=gate.serving_gate(pod), endpoint_ready=endpoints.get(ip) if ip else None,
                           started_on_target=(meta.get("annotations") or {}).get(labels.STORAGE_HASH) == target_fp,
+                          stale_template=restart_hash is not None and restart_hash_of(pod) != restart_hash,
                           observed_at=observed_at, **fields)
 
 
@@ -360,6 +370,20 @@ def _send_gate(action: SetServingGate, core: client.CoreV1Api, namespace: str, t
                target_backend: str) -> None:
     with metrics.API_SECONDS.labels("patch", "Pod").time():
         plain_json(core.patch_namespaced_pod, action.pod, namespace, gate.patch(action, target_fp, target_backend))
+
+
+def _delete_pod(action: DeletePod, core: client.CoreV1Api, namespace: str, *_: Any) -> None:
+    """Delete the pod if it is still the one the action names; gone or replaced already is done
+    (404, or 409 from the uid precondition)."""
+    try:
+        with metrics.API_SECONDS.labels("delete", "Pod").time():
+            core.delete_namespaced_pod(action.pod, namespace, body={"preconditions": {"uid": action.uid}},
+                                       _preload_content=False)
+    except ApiException as exc:
+        if exc.status not in (404, 409):
+            raise
+        return
+    metrics.POD_RESTARTS.inc()
 
 
 def _send_gate_counted(action: SetServingGate, *send: Any) -> None:

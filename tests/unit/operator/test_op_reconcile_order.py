@@ -1,7 +1,8 @@
-"""The order of ``reconcile``'s writes. Its ``alongside`` work (a backend-swap step) runs during
-the child applies when no pod is to be restarted, else after the restarts, seeing the pods they
-deleted; the StatefulSet's apply is left to the caller (to overlap the status write) only when
-no pod is to be restarted.
+"""The order of ``reconcile``'s writes. Its ``alongside`` work (a swap step, which also restarts
+pods on an older template) runs during the child applies when every pod runs the current
+template, else after them, told the template's restart hash only once the StatefulSet carries
+it; the StatefulSet's apply is left to the caller (to overlap the status write) only when no pod
+is to be restarted.
 
 The Kube here records calls in order (the decision under test is the ordering, a pure matter);
 the same path runs against a real API server in tests/e2e/test_backend_swap.py.
@@ -66,8 +67,6 @@ class RecordingKube:
         assert self.listed is not None, "cached pods are used"
         return self.listed
 
-    def delete_pod(self, namespace: str, name: str) -> None:
-        self._note(f"delete {name}")
 
 
 def pods_with(restart_hash: str) -> list[dict]:
@@ -81,7 +80,7 @@ def test_the_step_runs_while_children_are_applied_when_no_pod_restarts():
     kube = RecordingKube(desired.restart_hash)
     seen: list[list[str]] = []
 
-    def alongside(p, pods):
+    def alongside(p, pods, restart_hash):
         assert kube.applying.wait(10)
         seen.append(list(kube.calls))  # what had finished when the step ran
         kube.release.set()
@@ -93,20 +92,28 @@ def test_the_step_runs_while_children_are_applied_when_no_pod_restarts():
     assert "apply StatefulSet" in kube.calls
 
 
-def test_the_step_waits_for_restarts_and_sees_their_deletions():
+def test_a_step_that_may_restart_pods_runs_after_the_new_template_is_applied():
     desired = plan(body(SPEC), NODES).desired
-    kube = RecordingKube(desired.restart_hash, pods=pods_with("an-older-template"))
+    kube = RecordingKube(desired.restart_hash)
     kube.release.set()
-    seen: list[tuple[list[str], list[bool]]] = []
+    seen: list[tuple[list[str], str | None]] = []
 
-    def alongside(p, pods):
-        seen.append((list(kube.calls), [bool(pod["metadata"].get("deletionTimestamp")) for pod in pods]))
+    def alongside(p, pods, restart_hash):
+        seen.append((list(kube.calls), restart_hash))
         return "stepped"
     reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
               cached_pods=pods_with("an-older-template"), alongside=alongside)
-    calls, terminating = seen[0]
-    assert "apply StatefulSet" in calls and "delete demo-1" in calls  # highest ordinal first, budget 1
-    assert terminating == [False, True]
+    calls, restart_hash = seen[0]
+    assert "apply StatefulSet" in calls and restart_hash == desired.restart_hash
+
+
+def test_no_pod_is_restarted_into_a_template_the_statefulset_does_not_carry_yet():
+    kube = RecordingKube("the-statefulsets-older-template")
+    kube.release.set()
+    seen: list[str | None] = []
+    reconcile(kube, body(SPEC), NODES, apply=False, now="2026-01-01T00:00:00Z",
+              cached_pods=pods_with("an-older-template"), alongside=lambda p, pods, h: seen.append(h))
+    assert seen == [None]
 
 
 def test_the_step_is_joined_even_when_an_apply_fails():
@@ -118,7 +125,7 @@ def test_the_step_is_joined_even_when_an_apply_fails():
         raise RuntimeError("API server unavailable")
     kube.apply = failing_apply
 
-    def alongside(p, pods):
+    def alongside(p, pods, restart_hash):
         threading.Event().wait(0.2)
         finished.set()
     try:
@@ -147,8 +154,8 @@ def test_the_workload_apply_is_left_to_the_caller_only_when_nothing_restarts():
     stale.release.set()
     result = reconcile(stale, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
                        cached_pods=pods_with("an-older-template"), defer_workload=True)
-    assert result.workload is None  # restarts read the live template: applied first, in order
-    assert stale.calls.index("apply StatefulSet") < stale.calls.index("delete demo-1")
+    assert result.workload is None  # a step that restarts pods reads the live template: applied first
+    assert "apply StatefulSet" in stale.calls
 
 
 def test_the_statefulset_waits_for_what_its_pods_read_but_not_for_the_services():

@@ -12,7 +12,6 @@ from hicache_operator import labels
 from hicache_operator.crdgen import PRINTER_COLUMNS
 from hicache_operator.reconcile import plan
 from hicache_operator.rollout.gate import LABEL as SERVING
-from hicache_operator.rollout.restarts import plan_restarts
 from hicache_operator.spec import resolve_max_unavailable
 from hicache_operator.status import SwapView, build_status, failed
 
@@ -219,20 +218,6 @@ def test_max_unavailable():
     assert resolve_max_unavailable(2, 10) == 2
     assert resolve_max_unavailable("25%", 10) == 2
     assert resolve_max_unavailable("10%", 4) == 1
-
-
-def test_restarts_roll_within_budget_highest_ordinal_first():
-    pods = [pod(i, restart="old") for i in range(4)]
-    assert plan_restarts(pods, "new", 1, 4) == ["demo-3"]
-    assert plan_restarts(pods, "new", 2, 4) == ["demo-3", "demo-2"]
-    pods[3] = pod(3, restart="new", ready=False)  # restarted, not Ready yet: budget spent
-    assert plan_restarts(pods, "new", 1, 4) == []
-
-
-def test_restarts_take_unready_stale_pods_free_and_never_held_ones():
-    pods = [pod(0, restart="old", ready=False), pod(1, restart="old"), pod(2, restart="old", gate="False")]
-    assert plan_restarts(pods, "new", 1, 3) == ["demo-0"]
-    assert plan_restarts([pod(0), pod(1)], FILE.restart_hash, 1, 2) == []
 
 
 def test_pods_loading_their_model_are_progress_not_degradation():

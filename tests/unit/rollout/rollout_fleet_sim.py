@@ -2,9 +2,10 @@
 
 Pods have a serving gate, an EndpointSlice entry that follows readiness
 after a random lag, traffic that only arrives while the endpoint is ready,
-and a runtime that behaves like SGLang's admin API (idle check, "Detach
-first", same-backend attach only updates policies, detach of nothing is a
-no-op). The operator loop observes, plans, executes, applies outcomes and
+a pod template generation (a new one makes the planner restart each pod,
+drained first), and a runtime that behaves like SGLang's admin API (idle
+check, "Detach first", same-backend attach only updates policies, detach of
+nothing is a no-op). The operator loop observes, plans, executes, applies outcomes and
 persists — and can crash anywhere in between. Every invariant the planner
 promises is checked as the world changes, not only at the end.
 """
@@ -22,6 +23,7 @@ from hicache_operator.rollout import (
     Action,
     ActionOutcome,
     Attach,
+    DeletePod,
     Detach,
     PodObservation,
     ReportedBackend,
@@ -118,6 +120,8 @@ class SimPod:
     lag: int = 0
     taken_out_config: str | None = None  # runtime fingerprint when the gate last went False
     taken_out_configs: set[str] = field(default_factory=set)  # ... and every other time it did
+    template: int = 0  # the pod template generation it was created from
+    out_since: datetime | None = None  # when its gate last went False
 
     @property
     def boot_fp(self) -> str:
@@ -149,6 +153,7 @@ class Fleet:
                                         desired_replicas=n, poll_seconds=1.0)
         self.flaky = flaky
         self.uids = 0
+        self.template = 0  # the StatefulSet's pod template generation
         self.pods: dict[str, SimPod] = {}
         self.recreate_in: dict[str, int] = {}
         for i in range(n):
@@ -168,8 +173,9 @@ class Fleet:
 
     def _new_pod(self, name: str, boot: dict[str, Any]) -> SimPod:
         self.uids += 1
+        # the template's label puts every new pod in serving
         return SimPod(name=name, uid=f"uid-{self.uids}", boot_config=boot, runtime=SimRuntime.booted_with(boot),
-                      up_in=self.rng.randint(1, 3))
+                      up_in=self.rng.randint(1, 3), gate=True, template=self.template)
 
     @property
     def target(self) -> dict[str, Any]:
@@ -183,6 +189,10 @@ class Fleet:
     def revert(self) -> None:
         if len(self.target_history) >= 2:
             self.set_target(self.target_history[-2])
+
+    def new_template(self) -> None:
+        """An image, model or engine flag changed: the StatefulSet carries a new template."""
+        self.template += 1
 
     def delete(self, name: str) -> None:
         if name in self.pods:
@@ -250,6 +260,7 @@ class Fleet:
                 backend=pod.runtime.report() if reachable else None,
                 in_flight=pod.in_flight if reachable else None, queued=pod.queued if reachable else None,
                 runtime_error=None if reachable else "connection refused", observed_at=self.clock,
+                stale_template=pod.template != self.template,
             ))
             pod.glitch = False
         return out
@@ -373,6 +384,8 @@ class Fleet:
                 self._runtime_call(pod, "detach", None)
             elif isinstance(action, Attach):
                 self._runtime_call(pod, "attach", action.payload)
+            elif isinstance(action, DeletePod):
+                self._delete_pod(pod)
             return ActionOutcome(action)
         except Exception as exc:  # the executor turns every failure into an outcome
             if isinstance(exc, InvariantBroken):
@@ -389,6 +402,7 @@ class Fleet:
             if pod.gate is not False:
                 pod.taken_out_config = pod.runtime.fingerprint()
                 pod.taken_out_configs.add(pod.taken_out_config)
+                pod.out_since = self.clock
             pod.gate = False
             if was_available and self.unavailable() > self.settings.budget(self.replicas):
                 raise InvariantBroken(
@@ -399,6 +413,18 @@ class Fleet:
             if not self._settled(pod):
                 raise InvariantBroken(f"{pod.name} readmitted in an intermediate state: {pod.runtime.report()}")
         pod.gate = True
+
+    def _delete_pod(self, pod: SimPod) -> None:
+        """A restart: only of a pod on an older template, never while it is routable, and while
+        it still runs requests only once its drain has timed out."""
+        if pod.template == self.template:
+            raise InvariantBroken(f"{pod.name} restarted though it runs the current template")
+        if pod.endpoint_ready is True:
+            raise InvariantBroken(f"{pod.name} deleted while its endpoint is ready (routable)")
+        drained_for = (self.clock - pod.out_since).total_seconds() if pod.out_since else 0.0
+        if pod.up and pod.busy() and pod.gate is False and drained_for <= self.settings.drain_timeout_seconds:
+            raise InvariantBroken(f"{pod.name} deleted while running requests, {drained_for:.0f}s into its drain")
+        pod.terminating = True
 
     def _settled(self, pod: SimPod) -> bool:
         """On a config someone asked for: a target, what the pod booted with,
@@ -467,6 +493,8 @@ class Fleet:
         for pod in self.pods.values():
             if pod.gate is not True:
                 raise InvariantBroken(f"{pod.name} left with serving gate {pod.gate}")
+            if pod.template != self.template:
+                raise InvariantBroken(f"{pod.name} left on pod template {pod.template}, not {self.template}")
             fp = pod.runtime.fingerprint()
             if plan.state.phase.value == "Complete" and fp != storage_fingerprint(self.target):
                 raise InvariantBroken(f"rollout Complete but {pod.name} runs {pod.runtime.report()}")

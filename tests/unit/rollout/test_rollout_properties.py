@@ -1,11 +1,13 @@
 """Property tests: the planner driven through random histories of a
-simulated fleet (target changes and reverts, deleted and restarted pods,
-stuck requests, readiness blips, failed observations, flaky runtime calls)
+simulated fleet (target changes and reverts, new pod templates, deleted and
+restarted pods, stuck requests, readiness blips, failed observations, flaky
+runtime calls)
 by an operator that crashes at random points. The fleet checks as it goes
 that the budget is never exceeded, no runtime is touched while serving, no
+pod is restarted while routable or (before its drain times out) busy, no
 pod returns to serving in an intermediate state and no payload carries a
-hostname; at the end, that the fleet settles with every pod serving, and
-that a good target always completes. Each history runs with the operator's
+hostname; at the end, that the fleet settles with every pod serving on the
+current template, and that a good target always completes. Each history runs with the operator's
 step as one planner pass, or following a pod through its runtime calls
 (``rollout.passes``), as the operator does."""
 
@@ -16,8 +18,8 @@ from hypothesis import strategies as st
 
 from .rollout_fleet_sim import CONFIGS, GOOD, Fleet
 
-WORLD = ["calm"] * 8 + ["target", "target", "revert", "delete", "restart", "stuck", "stall", "outage", "blip",
-                        "glitch"]
+WORLD = ["calm"] * 8 + ["target", "target", "revert", "template", "delete", "restart", "stuck", "stall", "outage",
+                        "blip", "glitch"]
 OPERATOR = ["ok"] * 6 + ["drop", "prefix", "reorder"]
 
 
@@ -41,6 +43,8 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
         fleet.set_target(config)
     elif kind == "revert":
         fleet.revert()
+    elif kind == "template":
+        fleet.new_template()
     elif name is None:
         return
     elif kind == "delete":
@@ -143,3 +147,30 @@ def test_bad_target_fails_once_and_restores_the_pod(n, seed, bad, follow):
     assert failed_pods == {plan.state.failure.pod}, "the rollout must stop at the first failure"
     assert plan.state.failure.cause == ("AttachFailed" if bad == "refused" else "VerifyMismatch")
     assert {p.runtime.fingerprint() for p in fleet.pods.values()} == {fleet.pods[plan.state.failure.pod].boot_fp}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 5),
+    max_unavailable=st.sampled_from([1, 2, "50%"]),
+    seed=st.integers(0, 2**16),
+    swap_too=st.booleans(),
+    stuck=st.integers(0, 4),
+    follow=st.booleans(),
+)
+def test_a_new_template_rolls_through_every_pod_drained_within_the_budget(n, max_unavailable, seed, swap_too, stuck,
+                                                                        follow):
+    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed, passes=follow)
+    fleet.new_template()
+    if swap_too:
+        fleet.set_target("mooncake")
+    if stuck < n:
+        fleet.pods[f"cache-{stuck}"].stuck = True  # its drain must time out; the restart goes on
+    for _ in range(40):
+        fleet.tick()
+        fleet.step()
+    plan = fleet.run_until_quiet()
+    fleet.check_quiet(plan)
+    assert all(pod.template == fleet.template for pod in fleet.pods.values())
+    if swap_too:
+        assert plan.state.phase.value == "Complete", plan.state.to_status()
