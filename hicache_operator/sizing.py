@@ -53,6 +53,7 @@ from hicache_operator.spec import RUNTIME_CONTAINER, HiCacheDeploymentSpec
 
 GB = 10**9
 GIB = 2**30
+MIB = 2**20
 GPU = "nvidia.com/gpu"
 # What a Mooncake client lends when global_segment_size is unset (SGLang's and the runtime's default).
 DEFAULT_SEGMENT_BYTES = 4 * GIB
@@ -302,7 +303,12 @@ def fmt_bytes(n: int | float) -> str:
 
 def memory_quantity(n: int) -> str:
     """Bytes as a Kubernetes quantity, rounded up to whole MiB."""
-    return f"{-(-n // 2**20)}Mi"
+    return f"{-(-n // MIB)}Mi"
+
+
+def request_bytes(n: int) -> int:
+    """What ``memory_quantity(n)`` requests, in bytes."""
+    return -(-n // MIB) * MIB
 
 
 def segment_bytes(value: Any) -> int:
@@ -407,7 +413,8 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingReco
         assert node is not None
         fnm = pool.from_node_memory
         reserve = int(fnm.reserve_gib * GIB)
-        budget = (node_budget(spec, node) / slots - sidecars - fixed) / multiplier
+        pod_share = int(node_budget(spec, node) / slots) // MIB * MIB  # whole MiB: the request is rounded up to them
+        budget = (pod_share - sidecars - fixed) / multiplier
         gb = int(budget // GB)
         while gb >= 1 and pool_bytes_for_tokens(gb * GB // bpt, spec.page_size, bpt)[1] > budget:
             gb -= 1
@@ -417,9 +424,9 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingReco
         side = f" - {sidecars}" if sidecars else ""
         rec.update(mode="fromNodeMemory", fraction=fnm.fraction, reserveBytes=reserve, budgetPerRankBytes=int(budget),
                    hicacheSizeGB=gb, hostPoolPagesPerRank=pages, hostPoolTokensPerRank=pages * spec.page_size,
-                   budgetFormula=(f"(({node.memory} x {fnm.fraction} - {reserve}) / {slots} pods{side} - {fixed}) / "
-                                  f"{multiplier} = {int(budget)} B per rank -> {gb} GB (--hicache-size) = {pages} "
-                                  f"pages x {spec.page_size} tokens x {bpt} B"))
+                   budgetFormula=(f"(({node.memory} x {fnm.fraction} - {reserve}) / {slots} pods = {pod_share} B "
+                                  f"(whole MiB){side} - {fixed}) / {multiplier} = {int(budget)} B per rank -> {gb} GB "
+                                  f"(--hicache-size) = {pages} pages x {spec.page_size} tokens x {bpt} B"))
     elif pool.size_gb_per_rank is not None:
         gb = pool.size_gb_per_rank
         if bpt is not None:
@@ -457,11 +464,11 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingReco
                           overhead=fmt_bytes(fixed + sidecars), total=fmt_bytes(total + sidecars),
                           alloc=fmt_bytes(smallest.memory), node=smallest.name, fix=fix)
     if node is not None:
-        by_memory = node.memory // (total + sidecars)
+        by_memory = node.memory // (request_bytes(total) + sidecars)
         pods = min(slots, by_memory)
         rec.update(podsPerNodeByMemory=by_memory, podsPerNode=pods, ranksPerNode=pods * ranks,
-                   placementFormula=(f"min({slots_why}, {node.memory} allocatable // {total + sidecars} per pod = "
-                                     f"{by_memory}) = {pods} pods on {node.name}"))
+                   placementFormula=(f"min({slots_why}, {node.memory} allocatable // {request_bytes(total) + sidecars} "
+                                     f"per pod = {by_memory}) = {pods} pods on {node.name}"))
     return SizingRecord.model_validate(rec)
 
 
@@ -473,7 +480,7 @@ def reevaluate(record: SizingRecord, spec: HiCacheDeploymentSpec, nodes: list[di
         return describe_exclusions(excluded, len(nodes))
     if not record.pod_memory_bytes:
         return None
-    need = record.pod_memory_bytes + (record.sidecar_bytes or 0)
+    need = request_bytes(record.pod_memory_bytes) + (record.sidecar_bytes or 0)
     smallest = min(eligible, key=lambda n: (n.memory, n.name))
     if need > smallest.memory:
         return (f"pods need {fmt_bytes(need)} but eligible node {smallest.name} has {fmt_bytes(smallest.memory)} "

@@ -150,7 +150,7 @@ def test_pack_divides_the_node_share_among_the_pods_its_gpus_hold():
         ("pack", 2, 2, 8)
     assert packed.budget_per_rank_bytes == int((share / 2 - fixed) / 4)
     assert 2 * packed.pod_memory_bytes <= share  # both pods fit the node's share together
-    assert packed.pods_per_node_by_memory == 2**40 // packed.pod_memory_bytes >= 2
+    assert packed.pods_per_node_by_memory == 2**40 // sizing.request_bytes(packed.pod_memory_bytes) >= 2
     assert packed.placement_formula.endswith("= 2 pods on a") and "8 nvidia.com/gpu // 4 per pod = 2" in \
         packed.placement_formula
     spread = sizing.compute(spec(**DRAM_TP4, placement={"policy": "spread"}), [node])
@@ -175,10 +175,16 @@ def test_the_pools_are_sized_for_the_node_with_least_memory_per_pod():
         assert slots * rec.pod_memory_bytes <= alloc * 0.75 - 16 * 2**30
 
 
-@pytest.mark.parametrize("memory,gpus,tp", [("256Gi", 8, 1), ("1Ti", 8, 2), ("3Ti", 16, 4), ("300Gi", 8, 8)])
-def test_from_node_memory_never_strands_gpus(memory, gpus, tp):
-    rec = sizing.compute(spec(**{**DRAM_TP4, "parallelism": {"tp": tp}}), [gpu_node("n", memory, gpus=gpus)])
+@pytest.mark.parametrize("memory,gpus,tp,fnm", [
+    ("256Gi", 8, 1, {}), ("1Ti", 8, 2, {}), ("3Ti", 16, 4, {}), ("300Gi", 8, 8, {}),
+    ("1000000000000", 8, 3, {"fraction": 1.0, "reserveGiB": 0}),  # the node's whole memory, in no whole MiB
+])
+def test_from_node_memory_never_strands_gpus(memory, gpus, tp, fnm):
+    pool = {"hostPool": {"fromNodeMemory": fnm or DRAM_TP4["hicache"]["hostPool"]["fromNodeMemory"]}}
+    rec = sizing.compute(spec(**{**DRAM_TP4, "parallelism": {"tp": tp}, "hicache": pool}),
+                         [gpu_node("n", memory, gpus=gpus)])
     assert rec.pods_per_node == rec.pods_per_node_by_gpus == gpus // tp <= rec.pods_per_node_by_memory
+    assert rec.pods_per_node_by_gpus * sizing.request_bytes(rec.pod_memory_bytes) <= sizing.quantity(memory)
 
 
 def test_a_fixed_pool_the_memory_cannot_hold_beside_every_gpu_is_bound_by_memory_and_warned():
@@ -187,7 +193,8 @@ def test_a_fixed_pool_the_memory_cannot_hold_beside_every_gpu_is_bound_by_memory
     out = validate(raw, name="f", nodes=[gpu_node("n", "512Gi", gpus=8)])
     rec = out.sizing
     assert rec.pods_per_node_by_gpus == 8
-    assert rec.pods_per_node_by_memory == 512 * 2**30 // rec.pod_memory_bytes == rec.pods_per_node < 8
+    assert rec.pods_per_node_by_memory == 512 * 2**30 // sizing.request_bytes(rec.pod_memory_bytes) == \
+        rec.pods_per_node < 8
     warning = next(f for f in out.findings if f.rule == "pods-per-node-memory-bound")
     assert f"GPUs for 8 pods of this deployment but allocatable memory for {rec.pods_per_node}" in warning.message
     assert f"{8 - rec.pods_per_node} GPUs stay idle" in warning.message
