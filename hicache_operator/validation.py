@@ -120,21 +120,20 @@ def check_extra_args(spec: HiCacheDeploymentSpec) -> list[Finding]:
             for kind, flag, why in engine_cli.check(spec.extra_args, spec.engine, engine.version(spec))]
 
 
-def check_overrides(spec: HiCacheDeploymentSpec, sized: sizing.SizingRecord | None,
-                    name: str | None) -> list[Finding]:
-    """spec.env and spec.podTemplate against what the operator renders (read from the rendered pod)."""
-    owner = render.Owner(name or "<name>", "", "")
-    out = []
-    ours = {e["name"]: e for e in render.operator_env(spec, owner)}
-    for i, e in enumerate(spec.env):
-        if e.name in ours:
-            out.append(finding("env-owned", index=i, var=e.name, source=_env_source(ours[e.name])))
+def check_env(spec: HiCacheDeploymentSpec, name: str | None) -> list[Finding]:
+    """spec.env against the env vars the operator sets."""
+    ours = {e["name"]: e for e in render.operator_env(spec, render.Owner(name or "<name>", "", ""))}
+    return [finding("env-owned", index=i, var=e.name, source=_env_source(ours[e.name]))
+            for i, e in enumerate(spec.env) if e.name in ours]
+
+
+def check_overlay(spec: HiCacheDeploymentSpec, sized: sizing.SizingRecord | None, name: str | None) -> list[Finding]:
+    """spec.podTemplate against the pod the operator renders (what it may not change is read from it)."""
     if spec.hicache.host_pool.from_node_memory is not None and sized is None:
-        return out  # the template cannot be rendered without nodes; the plan says so
-    base = render.operator_template(spec, sized, owner)
-    out += [finding("pod-template-conflict", path=path, why=why)
+        return []  # the pod cannot be rendered without nodes; the plan says so
+    base = render.operator_template(spec, sized, render.Owner(name or "<name>", "", ""))
+    return [finding("pod-template-conflict", path=path, why=why)
             for path, why in overlay.conflicts(base, spec.pod_template.dump(), render.CONTAINER)]
-    return out
 
 
 def _env_source(item: dict[str, Any]) -> str:
@@ -400,7 +399,6 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[d
                                     why=outcome.sizing.ineligible))
     memory = check_memory_request(effective, outcome.sizing) if outcome.sizing else []
     findings += memory
-    findings += check_overrides(effective, outcome.sizing, name)
     rec = outcome.sizing
     if rec is not None and rec.pods_per_node is not None and rec.pods_per_node < (rec.pods_per_node_by_gpus or 0):
         findings.append(finding("pods-per-node-memory-bound", node=rec.sizing_node, by_gpus=rec.pods_per_node_by_gpus,
@@ -410,4 +408,7 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[d
     if outcome.sizing and outcome.sizing.note and "memory" not in effective.resources.requests:
         findings.append(finding("no-memory-request", why=outcome.sizing.note))
     findings += check_pod_fields(effective, outcome.sizing, compare_memory=not memory)
+    findings += check_env(effective, name)
+    if not outcome.errors:  # the pod renders: what podTemplate would change in it
+        findings += check_overlay(effective, outcome.sizing, name)
     return outcome

@@ -264,3 +264,8 @@ def test_the_bundled_flag_table_is_the_runtimes_own_parser():
     from tests.support.engine_cli import bundled
 
     assert engine_cli._table()["bundled"] == bundled(), "run python -m tests.support.engine_cli"
+
+
+def test_a_spec_whose_pod_cannot_be_rendered_is_refused_for_that_not_for_the_overlay():
+    found = errors({"affinity": {"podAffinity": []}, "podTemplate": {"spec": {"readinessGates": []}}})
+    assert [r for r, _ in found] == ["invalid-pod-field"], found
