@@ -115,6 +115,31 @@ MOONCAKE_SETTINGS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Flags rendered from something other than a FLAGS row.
+HOST_FLAG, PORT_FLAG, ADMIN_KEY_FLAG, API_KEY_FLAG = "--host", "--port", "--admin-api-key", "--api-key"
+LEGACY_DP_FLAGS = ("--enable-dp-attention", "--dp-size")  # SGLang releases without --attn-dp-size
+
+
+def _from(field: str) -> str:
+    return f"is rendered from {field}: set that instead"
+
+
+def owned_flags(engine: str) -> dict[str, str]:
+    """Each flag the operator renders for ``engine`` (whether or not this spec renders it) -> why
+    ``spec.extraArgs`` may not name it (what sets it)."""
+    out = {HOST_FLAG: "is set by the operator (the pod's own address)",
+           PORT_FLAG: f"is set by the operator (port {RUNTIME_PORT}, which the probes and Services use)",
+           ADMIN_KEY_FLAG: _from("spec.adminKeySecretRef"), API_KEY_FLAG: _from("spec.apiKeySecretRef")}
+    out.update({cli: "is always set by the operator" for cli in FIXED_ARGS[engine]})
+    for f in FLAGS:
+        if engine in f.engines:
+            out[f.cli] = _from("spec.hicache.hostPool" if f.key.startswith("hicache.hostPool.") else f"spec.{f.key}")
+    out.update({cli: _from("spec.parallelism.dp") for cli in LEGACY_DP_FLAGS})
+    if engine == "sglang":
+        out["--config"] = "would let a file set flags the operator renders: put the file's flags in extraArgs"
+    return out
+
+
 def flag(key: str) -> Flag:
     return FLAGS_BY_KEY[key]
 
@@ -139,7 +164,7 @@ def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_
     ``api_key``: clients authenticate with the key in $HICACHE_API_KEY. ``legacy_dp_attention``:
     the SGLang release spells attention DP ``--enable-dp-attention --dp-size N``.
     """
-    args: list[str] = ["--host", "$(POD_IP)", "--port", str(RUNTIME_PORT)]
+    args: list[str] = [HOST_FLAG, "$(POD_IP)", PORT_FLAG, str(RUNTIME_PORT)]
     args += FIXED_ARGS[engine]
     backend = lookup(spec, "hicache.storage.backend") or "none"
     for f in FLAGS:
@@ -165,7 +190,7 @@ def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_
             value = f.default
         if f.key == "parallelism.dp":
             if value > 1:
-                args += ["--enable-dp-attention", "--dp-size", str(value)] if legacy_dp_attention else [f.cli, str(value)]
+                args += [LEGACY_DP_FLAGS[0], LEGACY_DP_FLAGS[1], str(value)] if legacy_dp_attention else [f.cli, str(value)]
             continue
         if f.kind is bool:
             if value:
@@ -175,9 +200,9 @@ def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_
     # Kubernetes expands $(VAR) from the container env, so keys never appear in the spec; the
     # bundled runtime reads its admin key from the env itself, keeping it out of its argv.
     if engine == "sglang":
-        args += ["--admin-api-key", f"$({ADMIN_KEY_ENV})"]
+        args += [ADMIN_KEY_FLAG, f"$({ADMIN_KEY_ENV})"]
     if api_key:
-        args += ["--api-key", f"$({API_KEY_ENV})"]
+        args += [API_KEY_FLAG, f"$({API_KEY_ENV})"]
     return args
 
 

@@ -21,15 +21,16 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hicache_operator import engine, flags, labels
+from hicache_operator import engine, flags, labels, overlay
 from hicache_operator.rollout import gate
 from hicache_operator.rollout.storage_config import StorageConfig, storage_fingerprint
 from hicache_operator.sizing import SizingRecord, memory_quantity
-from hicache_operator.spec import GROUP, KIND, VERSION, HiCacheDeploymentSpec, resolve_max_unavailable
+from hicache_operator.spec import (GROUP, KIND, RUNTIME_CONTAINER, VERSION, HiCacheDeploymentSpec,
+                                   resolve_max_unavailable)
 
 ADMIN_SECRET_KEY = "admin-api-key"
 API_SECRET_KEY = "api-key"
-CONTAINER = "runtime"
+CONTAINER = RUNTIME_CONTAINER
 RUN_AS = 1000
 # Volumes every pod gets (name -> mount path); extraVolumes and extraVolumeMounts must not clash.
 CLIENT_SERVICE_COMPONENT = "service"  # the client Service's component label (the operator watches its slices)
@@ -103,9 +104,10 @@ def secret_ref(spec: HiCacheDeploymentSpec, owner_name: str, which: str) -> tupl
 
 
 def args(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *, include_storage: bool = True) -> list[str]:
+    """The engine's arguments: the operator's, then ``spec.extraArgs`` as written (``$(VAR)`` expands)."""
     return flags.render_args(spec.dump(), spec.engine, host_pool=host_pool_flag(spec, sizing),
                              include_storage=include_storage, api_key=uses_api_key(spec),
-                             legacy_dp_attention=engine.lacks(spec, "attn_dp_size_flag"))
+                             legacy_dp_attention=engine.lacks(spec, "attn_dp_size_flag")) + list(spec.extra_args)
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -128,7 +130,8 @@ def mooncake_env(spec: HiCacheDeploymentSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool) -> list[dict[str, Any]]:
+def operator_env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool = True) -> list[dict[str, Any]]:
+    """The env vars the operator sets (``spec.env`` comes after them and may not repeat a name)."""
     secret_name, secret_key = secret_ref(spec, owner.name, "admin")
     env = [
         _field_env("POD_IP", "status.podIP"),
@@ -147,6 +150,11 @@ def _env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool) -> li
     if include_storage:
         env += mooncake_env(spec)
     return env
+
+
+def _env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: bool) -> list[dict[str, Any]]:
+    return operator_env(spec, owner, include_storage) + [e.model_dump(by_alias=True, exclude_none=True)
+                                                         for e in spec.env]
 
 
 def resources(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *,
@@ -170,18 +178,35 @@ def resources(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *,
     return {"requests": requests, "limits": limits}
 
 
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
 def _affinity(spec: HiCacheDeploymentSpec, name: str) -> dict[str, Any]:
-    """The user's affinity plus one-pod-per-node, which the sizing assumes."""
+    """The user's affinity plus the placement sizing assumes: spread, at most one pod of the fleet
+    per node (required); pack, pods of the fleet preferred together (the GPU and memory requests
+    bound how many a node takes)."""
     affinity = json.loads(json.dumps(spec.affinity or {}))
-    anti = affinity.setdefault("podAntiAffinity", {})
-    anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
-        {"labelSelector": {"matchLabels": labels.selector_labels(name)}, "topologyKey": "kubernetes.io/hostname"})
+    term = {"labelSelector": {"matchLabels": labels.selector_labels(name)}, "topologyKey": HOSTNAME_TOPOLOGY}
+    if spec.placement.policy == "spread":
+        affinity.setdefault("podAntiAffinity", {}).setdefault(
+            "requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+    else:
+        affinity.setdefault("podAffinity", {}).setdefault(
+            "preferredDuringSchedulingIgnoredDuringExecution", []).append({"weight": 100, "podAffinityTerm": term})
     return affinity
 
 
 def pod_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
                  process_backed: bool, include_storage: bool = True) -> dict[str, Any]:
-    """The pod template; with include_storage False, the input of the restart hash."""
+    """The pod template (``spec.podTemplate`` merged onto ``operator_template``); with include_storage
+    False, the input of the restart hash."""
+    base = operator_template(spec, sizing, owner, process_backed=process_backed, include_storage=include_storage)
+    return overlay.merge(base, spec.pod_template.dump())
+
+
+def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
+                      process_backed: bool = False, include_storage: bool = True) -> dict[str, Any]:
+    """The pod template as the operator renders it, before ``spec.podTemplate``."""
     http = {"port": "http"}
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -234,6 +259,8 @@ def pod_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = list(spec.tolerations)
+    if spec.env_from:
+        container["envFrom"] = list(spec.env_from)
     if spec.host_network:
         pod_spec.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
     return {"metadata": {"labels": {**labels.selector_labels(owner.name), labels.DEPLOYMENT: owner.name,

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hicache_operator import labels
+
 Severity = Literal["error", "warning", "normalised"]
 
 
@@ -21,8 +23,13 @@ class Rule:
     severity: Severity
     message: str  # static for CEL rules; a str.format template otherwise
     cel: str | None = None
-    scope: str | None = None  # "root", "spec", "parallelism", "hicache", "hostPool"
+    scope: str | None = None  # the schema node: "root", "spec", "parallelism", "hicache", "hostPool", ...
 
+
+# podTemplate label and annotation keys that are the operator's: its selector labels and its prefix.
+OPERATOR_LABEL_KEYS = tuple(labels.selector_labels("").keys())
+OPERATOR_KEY_PREFIX = f"{labels.PREFIX}/"
+_KEY_LIST = ", ".join(f"'{k}'" for k in OPERATOR_LABEL_KEYS)
 
 RULES: tuple[Rule, ...] = (
     # ---- static errors (also enforced by the API server through CEL) ----
@@ -75,6 +82,13 @@ RULES: tuple[Rule, ...] = (
          "(has(self.engine) && self.engine == 'sglang') || !has(self.parallelism) || "
          "((!has(self.parallelism.dp) || self.parallelism.dp == 1) && "
          "(!has(self.parallelism.pp) || self.parallelism.pp == 1))", "spec"),
+    Rule("pod-template-metadata", "error",
+         f"podTemplate.metadata may not set the operator's labels ({', '.join(OPERATOR_LABEL_KEYS)}, "
+         f"{OPERATOR_KEY_PREFIX}*) or {OPERATOR_KEY_PREFIX}* annotations: its Services, StatefulSet and rollout "
+         "select and read them; use other keys",
+         f"(!has(self.labels) || self.labels.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}') && !(k in [{_KEY_LIST}]))) "
+         f"&& (!has(self.annotations) || self.annotations.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}')))",
+         "podTemplateMetadata"),
     # ---- errors that need the extra config (invisible to CEL) or the nodes ----
     Rule("mooncake-master-required", "error",
          "hicache.storage.backend mooncake needs the master address: set "
@@ -120,6 +134,14 @@ RULES: tuple[Rule, ...] = (
          "let a pod be restarted or swapped): set it to e.g. 1 or '25%'",
          "!has(self.maxUnavailable) || (type(self.maxUnavailable) == int ? self.maxUnavailable >= 1 : "
          "self.maxUnavailable.matches('^([1-9][0-9]?|100)%$'))", "rollout"),
+    Rule("pod-template-conflict", "error",
+         "{path}: {why} (podTemplate adds to the pods the operator renders; it cannot change them)"),
+    Rule("env-owned", "error",
+         "env[{index}] {var} is set by the operator{source}: remove it from env"),
+    Rule("extra-args-owned-flag", "error",
+         "extraArgs {flag} {why}; remove it from extraArgs"),
+    Rule("extra-args-unknown-flag", "error",
+         "extraArgs {flag}: {why}; correct it or remove it from extraArgs"),
     Rule("invalid-pod-field", "error",
          "{field}: {problem} (the API server would refuse the pods' StatefulSet)"),
     Rule("schema", "error", "{detail}"),
@@ -155,6 +177,9 @@ RULES: tuple[Rule, ...] = (
          "pods get no memory request or limit ({why}): the scheduler cannot keep their host pools off a "
          "full node; set resources.requests.memory, or spec.modelShape and maxTotalTokens so the operator "
          "sizes it"),
+    Rule("pods-per-node-memory-bound", "warning",
+         "node {node} has GPUs for {by_gpus} pods of this deployment but allocatable memory for {by_memory} at "
+         "{need} each, so {idle} GPUs stay idle there: lower the host pool, or use hicache.hostPool.fromNodeMemory"),
     Rule("sizing-no-longer-fits", "warning",
          "the host pool sized at the last spec change no longer fits: {why}; edit the spec to re-size "
          "or add node memory"),

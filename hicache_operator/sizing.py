@@ -1,25 +1,33 @@
 """Host pool sizing from the nodes the pods may land on.
 
-Placement model (documented choice): one pod per node, and a pod holds tp x pp GPUs, so
-ranks per node = tp x pp. A node is eligible when it is schedulable, matches nodeSelector and
-the required node affinity, has all its NoSchedule/NoExecute taints tolerated, and has at least tp x pp allocatable nvidia.com/gpu. Pools are sized for the SMALLEST eligible
-node so every pod fits wherever it lands.
+Placement: a pod holds tp x pp GPUs (its ranks). A node is eligible when it is schedulable,
+matches nodeSelector and the required node affinity, has all its NoSchedule/NoExecute taints
+tolerated, and has at least tp x pp allocatable nvidia.com/gpu. How many pods of the fleet a node
+may hold (``pods_by_gpus``): with ``placement.policy`` pack, ``gpus // (tp x pp)`` (the GPU
+requests bound it); with spread, or with hostNetwork (every pod binds the same port on the
+node), one. The node the pools are sized for is the eligible node with the least memory per pod
+it may hold, so every pod fits wherever it lands, beside as many siblings as the node's GPUs take.
 
 Pod memory (request = limit) counts every term the pod's memory cgroup will hold: the host
 pools, the processes themselves (``overheadGiB``), the memory-backed ``/dev/shm`` (``shmGiB``),
 the Mooncake global segment the pod lends to the store (one per pod: the engines split it across
-their ranks), and, for SGLang releases that check host headroom, what that check demands. SGLang
-refuses a rank's pool P unless P <= (limit - usage - 10 GiB) / ranks at the moment that rank
-allocates; ranks allocate concurrently, so the last rank may already see its r - 1 peers' pools
-in the usage. The limit that passes for every rank is therefore
+their ranks), the memory requests of the containers ``podTemplate`` adds, and, for SGLang
+releases that check host headroom, what that check demands. SGLang refuses a rank's pool P
+unless P <= (limit - usage - 10 GiB) / ranks at the moment that rank allocates (its ranks are
+the pod's: the check reads the pod's own cgroup); ranks allocate concurrently, so the last rank
+may already see its r - 1 peers' pools in the usage. The limit that passes for every rank is
 
-    overhead + shm + segment + 10 GiB + (2r - 1) x P          (SGLang with the check)
-    overhead + shm + segment + r x P                         (otherwise)
+    overhead + shm + segment + sidecars + 10 GiB + (2r - 1) x P      (SGLang with the check)
+    overhead + shm + segment + sidecars + r x P                     (otherwise)
 
-fromNodeMemory: the pod's limit may take ``allocatable x fraction - reserve``; P is what is
-left after the fixed terms, divided by the pools' multiplier (2r - 1 or r), rounded down to
-whole pages of the model's bytes per token and then to the whole GB that SGLang's integer
-``--hicache-size`` takes (SGLang adds one page to what the GB buys; that page is counted).
+fromNodeMemory: the pods on a node may take ``allocatable x fraction - reserve`` together, so
+one pod's limit may take that divided by the pods the node may hold; P is what is left after the
+fixed terms, divided by the pools' multiplier (2r - 1 or r), rounded down to whole pages of the
+model's bytes per token and then to the whole GB that SGLang's integer ``--hicache-size`` takes
+(SGLang adds one page to what the GB buys; that page is counted). Memory requests equal limits,
+so the scheduler places at most ``allocatable // pod memory`` pods on a node beside the GPU
+bound: with fromNodeMemory that is never below the GPU bound; with a fixed pool it may be (a
+warning: GPUs stay idle there).
 
 The result is pinned in status (with a hash of its inputs) and reused while those inputs are
 unchanged, so a node joining or leaving never restarts pods by itself; ``reevaluate`` reports
@@ -40,11 +48,12 @@ from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from hicache_operator import engine, model_shapes
-from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator import engine, flags, model_shapes
+from hicache_operator.spec import RUNTIME_CONTAINER, HiCacheDeploymentSpec
 
 GB = 10**9
 GIB = 2**30
+MIB = 2**20
 GPU = "nvidia.com/gpu"
 # What a Mooncake client lends when global_segment_size is unset (SGLang's and the runtime's default).
 DEFAULT_SEGMENT_BYTES = 4 * GIB
@@ -66,17 +75,29 @@ class SizingRecord(BaseModel):
 
     inputs_hash: str = Field(description="Hash of the spec fields sizing reads; the record is reused while it holds.")
     mode: Literal["fromNodeMemory", "sizeGBPerRank", "ratio"] = Field(description="Which hostPool field sized the pools.")
-    ranks_per_node: int = Field(description="Ranks (GPUs) of one pod, each with its own host pool.")
+    placement: Literal["pack", "spread"] = Field(description="spec.placement.policy.")
+    ranks_per_pod: int = Field(description="Ranks (GPUs) of one pod, each with its own host pool.")
+    pods_per_node_by_gpus: int | None = Field(None, description="Pods the sizing node may hold by its GPUs and the "
+                                              "placement: nvidia.com/gpu // ranksPerPod with pack, 1 with spread "
+                                              "or hostNetwork.")
+    pods_per_node_by_memory: int | None = Field(None, description="Pods the sizing node's allocatable memory holds at "
+                                                "podMemoryBytes each (the scheduler's memory bound).")
+    pods_per_node: int | None = Field(None, description="Pods the sizing node may hold: the smaller bound.")
+    ranks_per_node: int | None = Field(None, description="podsPerNode x ranksPerPod.")
+    placement_formula: str | None = Field(None, description="podsPerNode, bound by bound.")
     overhead_bytes: int = Field(description="hostPool.overheadGiB: the processes themselves.")
     shm_bytes: int = Field(description="hostPool.shmGiB: the memory-backed /dev/shm.")
     mooncake_segment_bytes: int | None = Field(None, description="The Mooncake global segment the pod lends.")
+    sidecar_bytes: int | None = Field(None, description="Memory requests of the containers podTemplate adds.")
     engine_reserve_bytes: int = Field(description="What SGLang's host headroom check keeps free (0 without it).")
     pool_multiplier: int = Field(description="Pools the limit must hold: 2r-1 with SGLang's check, else r.")
     page_size: int
     bytes_per_token: int | None = Field(None, description="KV bytes per token per rank; unset for a model of unknown shape.")
     eligible_nodes: int | None = Field(None, description="Nodes the pods may land on; unset when the nodes were not read.")
-    smallest_node: str | None = Field(None, description="The smallest eligible node, which the pools are sized for.")
-    node_allocatable_bytes: int | None = None
+    sizing_node: str | None = Field(None, description="The eligible node with the least memory per pod it may hold "
+                                                      "(allocatable, or fromNodeMemory's share, / podsPerNodeByGpus): "
+                                                      "the pools are sized for it.")
+    node_allocatable_bytes: int | None = Field(None, description="The sizing node's allocatable memory.")
     ineligible: str | None = Field(None, description="Why no node is eligible, node by node.")
     fraction: float | None = None
     reserve_bytes: int | None = None
@@ -87,7 +108,8 @@ class SizingRecord(BaseModel):
     host_pool_pages_per_rank: int | None = None
     host_pool_tokens_per_rank: int | None = None
     host_pool_bytes_per_rank: int | None = None
-    pod_memory_bytes: int | None = Field(None, description="The pod's memory request and limit.")
+    pod_memory_bytes: int | None = Field(None, description="The runtime container's memory request and limit (the "
+                                                           "pod's, with sidecarBytes beside it).")
     pod_memory: str | None = Field(None, description="podMemoryBytes as a quantity (whole MiB).")
     formula: str | None = Field(None, description="podMemoryBytes, term by term.")
     engine_headroom_check: str | None = Field(None, description="SGLang's headroom check for the last rank.")
@@ -257,9 +279,10 @@ def describe_exclusions(excluded: dict[str, str], total: int) -> str:
 def inputs_hash(spec: HiCacheDeploymentSpec) -> str:
     d = spec.dump()
     keys = ("model", "modelShape", "parallelism", "pageSize", "maxTotalTokens", "nodeSelector",
-            "tolerations", "affinity", "resources")
+            "tolerations", "affinity", "resources", "placement", "hostNetwork")
     relevant = {k: d.get(k) for k in keys}
     relevant["hostPool"] = d["hicache"]["hostPool"]
+    relevant["sidecarBytes"] = sidecar_bytes(spec)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -280,7 +303,12 @@ def fmt_bytes(n: int | float) -> str:
 
 def memory_quantity(n: int) -> str:
     """Bytes as a Kubernetes quantity, rounded up to whole MiB."""
-    return f"{-(-n // 2**20)}Mi"
+    return f"{-(-n // MIB)}Mi"
+
+
+def request_bytes(n: int) -> int:
+    """What ``memory_quantity(n)`` requests, in bytes."""
+    return -(-n // MIB) * MIB
 
 
 def segment_bytes(value: Any) -> int:
@@ -309,6 +337,41 @@ def pool_multiplier(spec: HiCacheDeploymentSpec) -> int:
     return 2 * ranks - 1 if engine.host_reserve_bytes(spec) else ranks
 
 
+def sidecar_bytes(spec: HiCacheDeploymentSpec) -> int:
+    """Memory the containers ``podTemplate`` adds request (a limit alone is also the request): its
+    containers and restartable init containers, beside the operator's."""
+    ps = spec.pod_template.spec
+    added = [c for c in ps.get("containers") or [] if isinstance(c, dict) and c.get("name") != RUNTIME_CONTAINER]
+    added += [c for c in ps.get("initContainers") or [] if isinstance(c, dict) and c.get("restartPolicy") == "Always"]
+    total = 0
+    for c in added:
+        res = c.get("resources") if isinstance(c.get("resources"), dict) else {}
+        memory = _dict(res.get("requests")).get("memory") or _dict(res.get("limits")).get("memory")
+        total += int(quantity(memory) or 0) if memory is not None else 0
+    return total
+
+
+def pods_by_gpus(spec: HiCacheDeploymentSpec, node: NodeInfo) -> tuple[int, str]:
+    """Pods of the fleet ``node`` may hold by its GPUs and the placement, and why."""
+    if spec.placement.policy == "spread":
+        return 1, "spread: one pod per node"
+    if spec.host_network:
+        return 1, f"hostNetwork: one pod per node (each binds port {flags.RUNTIME_PORT} on it)"
+    ranks = spec.ranks_per_pod
+    return node.gpus // ranks, f"pack: {node.gpus} {GPU} // {ranks} per pod = {node.gpus // ranks}"
+
+
+def node_budget(spec: HiCacheDeploymentSpec, node: NodeInfo) -> float:
+    """Memory the fleet's pods on ``node`` may take together: fromNodeMemory's share, else all of it."""
+    fnm = spec.hicache.host_pool.from_node_memory
+    return node.memory * fnm.fraction - fnm.reserve_gib * GIB if fnm is not None else node.memory
+
+
+def sizing_node(spec: HiCacheDeploymentSpec, eligible: list[NodeInfo]) -> NodeInfo:
+    """The eligible node with the least memory per pod it may hold."""
+    return min(eligible, key=lambda n: (node_budget(spec, n) / pods_by_gpus(spec, n)[0], n.name))
+
+
 def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingRecord:
     """The sizing record. Raises SizingError.
 
@@ -319,18 +382,25 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingReco
     ranks = spec.ranks_per_pod
     terms = fixed_terms(spec)
     fixed = sum(terms.values())
+    sidecars = sidecar_bytes(spec)
     multiplier = pool_multiplier(spec)
     shape = shape_for(spec)
     bpt = model_shapes.bytes_per_token(shape, spec.parallelism.tp, spec.parallelism.pp) if shape else None
-    rec: dict[str, Any] = {"inputsHash": inputs_hash(spec), "ranksPerNode": ranks, **terms,
-                           "poolMultiplier": multiplier, "pageSize": spec.page_size, "bytesPerToken": bpt}
+    rec: dict[str, Any] = {"inputsHash": inputs_hash(spec), "placement": spec.placement.policy, "ranksPerPod": ranks,
+                           **terms, "poolMultiplier": multiplier, "pageSize": spec.page_size, "bytesPerToken": bpt}
+    if sidecars:
+        rec["sidecarBytes"] = sidecars
+    node: NodeInfo | None = None
     smallest: NodeInfo | None = None
+    slots, slots_why = 0, ""
     if nodes is not None:
         eligible, excluded = eligible_nodes(spec, nodes)
         rec["eligibleNodes"] = len(eligible)
         if eligible:
-            smallest = min(eligible, key=lambda n: n.memory)
-            rec.update(smallestNode=smallest.name, nodeAllocatableBytes=smallest.memory)
+            node = sizing_node(spec, eligible)
+            smallest = min(eligible, key=lambda n: (n.memory, n.name))
+            slots, slots_why = pods_by_gpus(spec, node)
+            rec.update(sizingNode=node.name, nodeAllocatableBytes=node.memory, podsPerNodeByGpus=slots)
         elif pool.from_node_memory is not None:
             raise SizingError("no-eligible-nodes", gpus=ranks, why=describe_exclusions(excluded, len(nodes)))
         else:
@@ -340,22 +410,23 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingReco
     if pool.from_node_memory is not None:
         if bpt is None:
             raise SizingError("unknown-model-shape", model=spec.model)
-        assert smallest is not None
+        assert node is not None
         fnm = pool.from_node_memory
         reserve = int(fnm.reserve_gib * GIB)
-        pod_budget = smallest.memory * fnm.fraction - reserve
-        budget = (pod_budget - fixed) / multiplier
+        pod_share = int(node_budget(spec, node) / slots) // MIB * MIB  # whole MiB: the request is rounded up to them
+        budget = (pod_share - sidecars - fixed) / multiplier
         gb = int(budget // GB)
         while gb >= 1 and pool_bytes_for_tokens(gb * GB // bpt, spec.page_size, bpt)[1] > budget:
             gb -= 1
         if gb < 1:
-            raise SizingError("host-pool-too-small", per_rank=fmt_bytes(max(budget, 0)), node=smallest.name)
+            raise SizingError("host-pool-too-small", per_rank=fmt_bytes(max(budget, 0)), node=node.name)
         pages, per_rank = pool_bytes_for_tokens(gb * GB // bpt, spec.page_size, bpt)
+        side = f" - {sidecars}" if sidecars else ""
         rec.update(mode="fromNodeMemory", fraction=fnm.fraction, reserveBytes=reserve, budgetPerRankBytes=int(budget),
                    hicacheSizeGB=gb, hostPoolPagesPerRank=pages, hostPoolTokensPerRank=pages * spec.page_size,
-                   budgetFormula=(f"({smallest.memory} x {fnm.fraction} - {reserve} - {fixed}) / {multiplier} = "
-                                  f"{int(budget)} B per rank -> {gb} GB (--hicache-size) = {pages} pages x "
-                                  f"{spec.page_size} tokens x {bpt} B"))
+                   budgetFormula=(f"(({node.memory} x {fnm.fraction} - {reserve}) / {slots} pods = {pod_share} B "
+                                  f"(whole MiB){side} - {fixed}) / {multiplier} = {int(budget)} B per rank -> {gb} GB "
+                                  f"(--hicache-size) = {pages} pages x {spec.page_size} tokens x {bpt} B"))
     elif pool.size_gb_per_rank is not None:
         gb = pool.size_gb_per_rank
         if bpt is not None:
@@ -384,25 +455,41 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingReco
         rec["engineHeadroomCheck"] = (
             f"last rank to allocate: ({total} limit - {usage} in use - {terms['engineReserveBytes']} reserve) / {ranks} "
             f"= {(total - usage - terms['engineReserveBytes']) // ranks} B >= {per_rank} B pool")
-    if smallest is not None and total > smallest.memory:
-        max_gb = max(0, (smallest.memory - fixed) // multiplier // GB)
+    if smallest is not None and total + sidecars > smallest.memory:
+        max_gb = max(0, (smallest.memory - sidecars - fixed) // multiplier // GB)
         fix = ("lower fraction or reserve more" if pool.from_node_memory is not None else
                f"lower hicache.hostPool.sizeGBPerRank to at most {max_gb} or use hostPool.fromNodeMemory"
                if pool.size_gb_per_rank is not None else "lower hicache.hostPool.ratio or maxTotalTokens")
         raise SizingError("host-pool-exceeds-node", ranks=multiplier, per_rank=fmt_bytes(per_rank),
-                          overhead=fmt_bytes(fixed), total=fmt_bytes(total), alloc=fmt_bytes(smallest.memory),
-                          node=smallest.name, fix=fix)
+                          overhead=fmt_bytes(fixed + sidecars), total=fmt_bytes(total + sidecars),
+                          alloc=fmt_bytes(smallest.memory), node=smallest.name, fix=fix)
+    if node is not None:
+        by_memory = node.memory // (request_bytes(total) + sidecars)
+        pods = min(slots, by_memory)
+        rec.update(podsPerNodeByMemory=by_memory, podsPerNode=pods, ranksPerNode=pods * ranks,
+                   placementFormula=(f"min({slots_why}, {node.memory} allocatable // {request_bytes(total) + sidecars} "
+                                     f"per pod = {by_memory}) = {pods} pods on {node.name}"))
     return SizingRecord.model_validate(rec)
 
 
 def reevaluate(record: SizingRecord, spec: HiCacheDeploymentSpec, nodes: list[dict]) -> str | None:
-    """Why a pinned sizing record no longer fits the current nodes, or None when it does."""
+    """Why a pinned sizing record no longer fits the current nodes, or None when it does: an eligible
+    node cannot hold one pod, or (fromNodeMemory) its memory holds fewer pods than its GPUs."""
     eligible, excluded = eligible_nodes(spec, nodes)
     if not eligible:
         return describe_exclusions(excluded, len(nodes))
-    need = record.pod_memory_bytes
-    smallest = min(eligible, key=lambda n: n.memory)
-    if need and need > smallest.memory:
+    if not record.pod_memory_bytes:
+        return None
+    need = request_bytes(record.pod_memory_bytes) + (record.sidecar_bytes or 0)
+    smallest = min(eligible, key=lambda n: (n.memory, n.name))
+    if need > smallest.memory:
         return (f"pods need {fmt_bytes(need)} but eligible node {smallest.name} has {fmt_bytes(smallest.memory)} "
                 "allocatable")
+    if record.mode == "fromNodeMemory":
+        for node in sorted(eligible, key=lambda n: n.name):
+            slots = pods_by_gpus(spec, node)[0]
+            if slots * need > node_budget(spec, node):
+                return (f"eligible node {node.name} has GPUs for {slots} pods but its share of memory "
+                        f"({fmt_bytes(max(node_budget(spec, node), 0))}) holds {int(node_budget(spec, node) // need)} "
+                        f"at {fmt_bytes(need)} each")
     return None

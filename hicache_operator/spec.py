@@ -27,6 +27,7 @@ IntOrString = int | str
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 INT32_MAX = 2**31 - 1  # StatefulSet replicas and probe counts are int32
 MAX_RANKS = 1024
+RUNTIME_CONTAINER = "runtime"  # the operator's container in every pod
 
 
 def _enum(key: str) -> Any:
@@ -162,6 +163,42 @@ class ApiKeySecretRef(SecretKeyRef):
     key: str = Field("api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
+class Placement(_Model):
+    policy: Literal["pack", "spread"] = Field(
+        "pack", description="pack: as many pods per node as its GPUs hold (nvidia.com/gpu // (tp x pp)), each "
+                            "with its share of the node's memory; spread: at most one pod per node (required pod "
+                            "anti-affinity on kubernetes.io/hostname).")
+
+
+class EnvVar(_Model):
+    """A container env var (Kubernetes' EnvVar), added to the runtime container."""
+
+    name: str = Field(min_length=1, max_length=1024)
+    value: str | None = None
+    value_from: dict[str, Any] | None = Field(None, description="configMapKeyRef, secretKeyRef, fieldRef or "
+                                                                "resourceFieldRef, as in a pod.")
+
+
+class PodTemplateMetadata(_Model):
+    model_config = ConfigDict(json_schema_extra=_cel("podTemplateMetadata"))
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    annotations: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+
+class PodTemplate(_Model):
+    """Merged onto the pod template the operator renders, as a strategic merge patch: maps merge,
+    containers/volumes/env/... merge by name (ports by containerPort, volumeMounts by mountPath), other
+    lists replace. What the operator renders for its own purposes cannot be changed."""
+
+    metadata: PodTemplateMetadata = Field(default_factory=PodTemplateMetadata)
+    spec: dict[str, Any] = Field(default_factory=dict, description="A PodSpec fragment: sidecars (containers), "
+                                 "initContainers, volumes, securityContext, priorityClassName, schedulerName, "
+                                 "runtimeClassName, imagePullSecrets, ...")
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, mode="json")
+
+
 class HiCacheDeploymentSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_cel("spec"))
     engine: Literal[flags.ENGINES] = Field("bundled", description="bundled cache runtime or sglang.launch_server.")  # type: ignore[valid-type]
@@ -188,6 +225,15 @@ class HiCacheDeploymentSpec(_Model):
     host_network: bool = Field(False, description="Pods use the node's network; MOONCAKE_LOCAL_HOSTNAME becomes the host IP.")
     extra_volumes: list[dict[str, Any]] = Field(default_factory=list)
     extra_volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    placement: Placement = Field(default_factory=Placement)
+    env: list[EnvVar] = Field(default_factory=list, description="Env vars added to the runtime container; the "
+                                                                "ones the operator sets cannot be overridden.")
+    env_from: list[dict[str, Any]] = Field(default_factory=list, description="configMapRef / secretRef sources of "
+                                           "the runtime container's env (env vars set explicitly win).")
+    extra_args: list[str] = Field(default_factory=list, description="Arguments appended to the engine's command "
+                                  "line; a flag the operator renders from a spec field is refused naming the field.")
+    pod_template: PodTemplate = Field(default_factory=PodTemplate,
+                                      description="Labels, annotations and PodSpec fields merged onto the pods.")
     admin_key_secret_ref: SecretKeyRef | None = Field(
         None, description="Secret holding the admin API key; unset: the operator generates one.")
     api_key_secret_ref: ApiKeySecretRef | None = Field(
@@ -197,7 +243,7 @@ class HiCacheDeploymentSpec(_Model):
 
     @property
     def ranks_per_pod(self) -> int:
-        """GPUs (and host pools) per pod; one pod per node, so also ranks per node."""
+        """GPUs (and host pools) per pod."""
         return self.parallelism.tp * self.parallelism.pp
 
     def dump(self) -> dict[str, Any]:

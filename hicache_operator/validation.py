@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hicache_operator import engine, engine_versions, flags, render, sizing
+from hicache_operator import engine, engine_cli, engine_versions, flags, overlay, render, sizing
 from hicache_operator.rollout.storage_config import hostname_paths, without_hostnames
-from hicache_operator.rules import rule
+from hicache_operator.rules import OPERATOR_KEY_PREFIX, OPERATOR_LABEL_KEYS, rule
 from hicache_operator.spec import HiCacheDeploymentSpec, resolve_max_unavailable
 
 DYNAMIC_REQUIRED = ("backend_name", "module_path", "class_name")
@@ -105,7 +105,47 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
             out.append(finding("dynamic-backend-config", missing=", ".join(missing)))
     if storage.backend == "file":
         out += check_file_storage(spec)
+    meta = spec.pod_template.metadata
+    if any(k in OPERATOR_LABEL_KEYS or k.startswith(OPERATOR_KEY_PREFIX) for k in meta.labels) or any(
+            k.startswith(OPERATOR_KEY_PREFIX) for k in meta.annotations):
+        out.append(finding("pod-template-metadata"))
+    out += check_extra_args(spec)
     return out + check_engine(spec)
+
+
+def check_extra_args(spec: HiCacheDeploymentSpec) -> list[Finding]:
+    """Flags the operator renders, and (as the engine's own parser tells) flags the engine does not know."""
+    names = {"owned": "extra-args-owned-flag", "unknown": "extra-args-unknown-flag"}
+    return [finding(names[kind], flag=flag, why=why)
+            for kind, flag, why in engine_cli.check(spec.extra_args, spec.engine, engine.version(spec))]
+
+
+def check_env(spec: HiCacheDeploymentSpec, name: str | None) -> list[Finding]:
+    """spec.env against the env vars the operator sets."""
+    ours = {e["name"]: e for e in render.operator_env(spec, render.Owner(name or "<name>", "", ""))}
+    return [finding("env-owned", index=i, var=e.name, source=_env_source(ours[e.name]))
+            for i, e in enumerate(spec.env) if e.name in ours]
+
+
+def check_overlay(spec: HiCacheDeploymentSpec, sized: sizing.SizingRecord | None, name: str | None) -> list[Finding]:
+    """spec.podTemplate against the pod the operator renders (what it may not change is read from it)."""
+    if spec.hicache.host_pool.from_node_memory is not None and sized is None:
+        return []  # the pod cannot be rendered without nodes; the plan says so
+    base = render.operator_template(spec, sized, render.Owner(name or "<name>", "", ""))
+    return [finding("pod-template-conflict", path=path, why=why)
+            for path, why in overlay.conflicts(base, spec.pod_template.dump(), render.CONTAINER)]
+
+
+def _env_source(item: dict[str, Any]) -> str:
+    ref = item.get("valueFrom") or {}
+    mooncake = {var: fld for fld, _key, var in flags.MOONCAKE_SETTINGS if var}
+    if "fieldRef" in ref:
+        return f" (the pod's {ref['fieldRef']['fieldPath']})"
+    if "secretKeyRef" in ref:
+        return f" (key {ref['secretKeyRef']['key']} of Secret {ref['secretKeyRef']['name']})"
+    if item["name"] in mooncake:
+        return f" (from hicache.storage.mooncake.{mooncake[item['name']]})"
+    return ""
 
 
 def check_file_storage(spec: HiCacheDeploymentSpec) -> list[Finding]:
@@ -258,13 +298,15 @@ def check_pod_fields(spec: HiCacheDeploymentSpec, sizing_record: dict[str, Any] 
         elif not _label_value(value):
             problems.append((f"nodeSelector.{key}", f"{value!r} is not a valid label value"))
     problems += _check_tolerations(spec.tolerations)
-    anti = (spec.affinity or {}).get("podAntiAffinity", {})
-    if not isinstance(anti, dict) or not isinstance(anti.get("requiredDuringSchedulingIgnoredDuringExecution", []), list):
-        problems.append(("affinity.podAntiAffinity", "must be an object whose requiredDuringSchedulingIgnoredDuringExecution "
-                         "is a list (the operator adds one-pod-per-node to it)"))
-    for section in ("nodeAffinity", "podAffinity"):
-        if not isinstance((spec.affinity or {}).get(section, {}), dict):
-            problems.append((f"affinity.{section}", "must be an object"))
+    for section, terms, what in (
+            ("podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "placement spread's one pod per node"),
+            ("podAffinity", "preferredDuringSchedulingIgnoredDuringExecution", "placement pack's co-location")):
+        given = (spec.affinity or {}).get(section, {})
+        if not isinstance(given, dict) or not isinstance(given.get(terms, []), list):
+            problems.append((f"affinity.{section}", f"must be an object whose {terms} is a list (the operator adds "
+                             f"{what} to it)"))
+    if not isinstance((spec.affinity or {}).get("nodeAffinity", {}), dict):
+        problems.append(("affinity.nodeAffinity", "must be an object"))
     problems += _check_volumes(spec)
     problems += _check_resources(spec, render.resources(spec, sizing_record), compare_memory)
     return [finding("invalid-pod-field", field=f, problem=p) for f, p in problems]
@@ -357,7 +399,16 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[d
                                     why=outcome.sizing.ineligible))
     memory = check_memory_request(effective, outcome.sizing) if outcome.sizing else []
     findings += memory
+    rec = outcome.sizing
+    if rec is not None and rec.pods_per_node is not None and rec.pods_per_node < (rec.pods_per_node_by_gpus or 0):
+        findings.append(finding("pods-per-node-memory-bound", node=rec.sizing_node, by_gpus=rec.pods_per_node_by_gpus,
+                                by_memory=rec.pods_per_node_by_memory,
+                                need=sizing.fmt_bytes((rec.pod_memory_bytes or 0) + (rec.sidecar_bytes or 0)),
+                                idle=(rec.pods_per_node_by_gpus - rec.pods_per_node) * rec.ranks_per_pod))
     if outcome.sizing and outcome.sizing.note and "memory" not in effective.resources.requests:
         findings.append(finding("no-memory-request", why=outcome.sizing.note))
     findings += check_pod_fields(effective, outcome.sizing, compare_memory=not memory)
+    findings += check_env(effective, name)
+    if not outcome.errors:  # the pod renders: what podTemplate would change in it
+        findings += check_overlay(effective, outcome.sizing, name)
     return outcome

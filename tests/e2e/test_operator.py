@@ -165,7 +165,7 @@ def test_node_dram_sizing_lands_in_status_and_requests(cluster, operator, ns):
     nodes = {n["metadata"]["name"]: n for n in kget(cluster, "nodes")["items"]}
     eligible = [n for n in nodes.values() if int(n["status"]["allocatable"].get("nvidia.com/gpu", "0")) >= 8]
     smallest = min(eligible, key=lambda n: parse_bytes(n["status"]["allocatable"]["memory"]))
-    assert sizing["smallestNode"] == smallest["metadata"]["name"]
+    assert sizing["sizingNode"] == smallest["metadata"]["name"]
     alloc = parse_bytes(smallest["status"]["allocatable"]["memory"])
     fixed = (8 + 2 + 10) * 2**30  # overheadGiB, shmGiB, SGLang's host reserve (defaults)
     budget = (alloc * 0.75 - 32 * 2**30 - fixed) / 15
@@ -174,7 +174,7 @@ def test_node_dram_sizing_lands_in_status_and_requests(cluster, operator, ns):
     assert size_gb == int(budget // 10**9), (size_gb, budget)
     limit = parse_bytes(pods[0]["spec"]["containers"][0]["resources"]["limits"]["memory"])
     assert 15 * size_gb * 10**9 <= limit <= alloc * 0.75 - 32 * 2**30
-    assert json.dumps(sizing).count(str(sizing["smallestNode"])) >= 1
+    assert json.dumps(sizing).count(str(sizing["sizingNode"])) >= 1
     assert "last rank to allocate" in sizing["engineHeadroomCheck"]
     passes_sglang_headroom_check(obj, pods)
 
@@ -276,7 +276,7 @@ def test_node_shrinking_after_sizing_reports_no_longer_fits(cluster, operator, n
     apply(cluster, doc, ns)
     obj = wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("sizing") else None)(hcd(cluster, ns, "shrink")),
                    what="sizing in status")
-    assert obj["status"]["sizing"]["smallestNode"] == "gpu-3"
+    assert obj["status"]["sizing"]["sizingNode"] == "gpu-3"
     node = kget(cluster, "node", "gpu-3")
     before = node["status"]["allocatable"]["memory"]
     try:
@@ -286,7 +286,7 @@ def test_node_shrinking_after_sizing_reports_no_longer_fits(cluster, operator, n
                        timeout=90, what="Degraded after the node shrank")
         cond = next(c for c in obj["status"]["conditions"] if c["type"] == "Degraded")
         assert cond["reason"] == "SizingNoLongerFits", cond
-        assert obj["status"]["sizing"]["smallestNode"] == "gpu-3"  # pinned: no resize, no restart
+        assert obj["status"]["sizing"]["sizingNode"] == "gpu-3"  # pinned: no resize, no restart
     finally:
         cluster.kubectl("patch", "node", "gpu-3", "--subresource=status", "--type=merge", "-p",
                         json.dumps({"status": {"allocatable": {"memory": before}, "capacity": {"memory": before}}}))

@@ -26,7 +26,7 @@ def test_pinned_sizing_is_reused_across_node_changes_so_pods_do_not_restart():
     assert swapped.desired.sizing == first.desired.sizing
     # Changing what sizing depends on re-sizes from the current nodes.
     resized = plan(body({**DRAM, "parallelism": {"tp": 4}}, status=status), [gpu_node("b", "2Ti")])
-    assert resized.desired.sizing.smallest_node == "b"
+    assert resized.desired.sizing.sizing_node == "b"
 
 
 def test_effective_config_lists_args_hashes_and_rules():

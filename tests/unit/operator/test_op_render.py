@@ -55,8 +55,22 @@ def test_statefulset_is_on_delete_with_serving_label_probes_and_gpus():
     c = ps["containers"][0]
     assert c["readinessProbe"]["httpGet"] == {"port": "http", "path": "/health"}
     assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == "4"
-    anti = ps["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
-    assert anti["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_placement_spread_requires_one_pod_per_node_and_pack_prefers_siblings():
+    selector = {"matchLabels": labels.selector_labels("demo")}
+    user = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "other"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    _, spread = children({"placement": {"policy": "spread"}, "affinity": user})
+    anti = pod_spec(spread)["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["labelSelector"] == {"matchLabels": {"app": "other"}}  # the user's term is kept
+    assert anti[1] == {"labelSelector": selector, "topologyKey": "kubernetes.io/hostname"}
+    assert "podAffinity" not in pod_spec(spread)["affinity"]
+    _, pack = children({})
+    aff = pod_spec(pack)["affinity"]
+    assert "podAntiAffinity" not in aff
+    assert aff["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {"weight": 100, "podAffinityTerm": {"labelSelector": selector, "topologyKey": "kubernetes.io/hostname"}}]
 
 
 def test_bundled_probe_and_termination_message():

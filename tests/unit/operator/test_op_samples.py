@@ -27,10 +27,10 @@ def test_valid_samples_validate_and_render(path):
     assert p.children[-1]["kind"] == "StatefulSet"
 
 
-def test_the_dram_sample_is_sized_from_the_smallest_node():
+def test_the_dram_sample_is_sized_for_the_node_with_least_memory_per_pod():
     doc = yaml.safe_load((SAMPLES / "node-dram-sized.yaml").read_text())
     out = validate(doc["spec"], name=doc["metadata"]["name"], nodes=sample_nodes())
-    assert out.sizing.mode == "fromNodeMemory" and out.sizing.smallest_node == "gpu-1"
+    assert out.sizing.mode == "fromNodeMemory" and out.sizing.sizing_node == "gpu-1"
 
 
 def test_every_error_rule_has_an_invalid_sample():

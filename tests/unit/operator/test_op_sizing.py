@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from op_helpers import gpu_node
 
 from hicache_operator import model_shapes, sizing
 from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator.validation import validate
 
 TOL = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
@@ -58,7 +60,7 @@ def test_toleration_operators():
     assert not sizing.tolerates([{"key": "k", "operator": "Exists", "effect": "NoExecute"}], taint)
 
 
-def test_from_node_memory_arithmetic_uses_the_smallest_node_and_whole_pages():
+def test_from_node_memory_arithmetic_uses_the_node_with_least_memory_per_pod_and_whole_pages():
     s = spec(model="Qwen/Qwen3-8B", pageSize=64, parallelism={"tp": 8},
              hicache={"hostPool": {"fromNodeMemory": {"fraction": 0.5, "reserveGiB": 8}, "overheadGiB": 4}})
     rec = sizing.compute(s, [gpu_node("a", "1Ti"), gpu_node("b", "768Gi")]).dump()
@@ -66,7 +68,7 @@ def test_from_node_memory_arithmetic_uses_the_smallest_node_and_whole_pages():
     fixed = 4 * 2**30 + 2 * 2**30  # overheadGiB + the default shmGiB; the bundled engine keeps no reserve
     budget = (alloc * 0.5 - 8 * 2**30 - fixed) / 8
     bpt = 128 * 1 * 36 * 2 * 2
-    assert rec["smallestNode"] == "b" and rec["bytesPerToken"] == bpt
+    assert rec["sizingNode"] == "b" and rec["bytesPerToken"] == bpt
     assert rec["hicacheSizeGB"] == int(budget // 1e9)
     pages = rec["hicacheSizeGB"] * 10**9 // bpt // 64 + 1
     assert rec["hostPoolPagesPerRank"] == pages
@@ -133,3 +135,89 @@ def test_eligibility_is_remembered_per_node_version_and_placement():
     # a new version is recomputed: "small" shrank, so the smallest eligible node changes
     v2 = sizing.Nodes([gpu_node("big", "2Ti"), gpu_node("small", "256Gi"), gpu_node("cpu", gpus=0)], version="v2")
     assert min(n.memory for n in sizing.eligible_nodes(plain, v2)[0]) == 256 * 2**30
+
+
+DRAM_TP4 = {"model": "Qwen/Qwen3-8B", "pageSize": 64, "parallelism": {"tp": 4},
+            "hicache": {"hostPool": {"fromNodeMemory": {"fraction": 0.75, "reserveGiB": 16}, "overheadGiB": 4}}}
+
+
+def test_pack_divides_the_node_share_among_the_pods_its_gpus_hold():
+    node = gpu_node("a", "1Ti", gpus=8)
+    share = 2**40 * 0.75 - 16 * 2**30
+    fixed = (4 + 2) * 2**30
+    packed = sizing.compute(spec(**DRAM_TP4), [node])
+    assert (packed.placement, packed.pods_per_node_by_gpus, packed.pods_per_node, packed.ranks_per_node) == \
+        ("pack", 2, 2, 8)
+    assert packed.budget_per_rank_bytes == int((share / 2 - fixed) / 4)
+    assert 2 * packed.pod_memory_bytes <= share  # both pods fit the node's share together
+    assert packed.pods_per_node_by_memory == 2**40 // sizing.request_bytes(packed.pod_memory_bytes) >= 2
+    assert packed.placement_formula.endswith("= 2 pods on a") and "8 nvidia.com/gpu // 4 per pod = 2" in \
+        packed.placement_formula
+    spread = sizing.compute(spec(**DRAM_TP4, placement={"policy": "spread"}), [node])
+    assert (spread.pods_per_node_by_gpus, spread.pods_per_node, spread.ranks_per_node) == (1, 1, 4)
+    assert spread.budget_per_rank_bytes == int((share - fixed) / 4)
+    assert spread.inputs_hash != packed.inputs_hash
+
+
+def test_host_network_holds_one_pod_per_node_whatever_the_gpus():
+    rec = sizing.compute(spec(**DRAM_TP4, hostNetwork=True), [gpu_node("a", "1Ti", gpus=8)])
+    assert rec.pods_per_node_by_gpus == 1 and "hostNetwork" in rec.placement_formula
+
+
+def test_the_pools_are_sized_for_the_node_with_least_memory_per_pod():
+    """A big node whose GPUs take many pods can leave each less memory than a small node with one."""
+    s = spec(**{**DRAM_TP4, "parallelism": {"tp": 2}})
+    big, small = gpu_node("big", "2Ti", gpus=8), gpu_node("small", "768Gi", gpus=2)
+    rec = sizing.compute(s, [big, small])
+    assert rec.sizing_node == "big" and rec.pods_per_node_by_gpus == 4
+    for node, slots in ((big, 4), (small, 1)):  # every node holds the pods its GPUs take, within its share
+        alloc = sizing.node_info(node).memory
+        assert slots * rec.pod_memory_bytes <= alloc * 0.75 - 16 * 2**30
+
+
+@pytest.mark.parametrize("memory,gpus,tp,fnm", [
+    ("256Gi", 8, 1, {}), ("1Ti", 8, 2, {}), ("3Ti", 16, 4, {}), ("300Gi", 8, 8, {}),
+    ("1000000000000", 8, 3, {"fraction": 1.0, "reserveGiB": 0}),  # the node's whole memory, in no whole MiB
+])
+def test_from_node_memory_never_strands_gpus(memory, gpus, tp, fnm):
+    pool = {"hostPool": {"fromNodeMemory": fnm or DRAM_TP4["hicache"]["hostPool"]["fromNodeMemory"]}}
+    rec = sizing.compute(spec(**{**DRAM_TP4, "parallelism": {"tp": tp}, "hicache": pool}),
+                         [gpu_node("n", memory, gpus=gpus)])
+    assert rec.pods_per_node == rec.pods_per_node_by_gpus == gpus // tp <= rec.pods_per_node_by_memory
+    assert rec.pods_per_node_by_gpus * sizing.request_bytes(rec.pod_memory_bytes) <= sizing.quantity(memory)
+
+
+def test_a_fixed_pool_the_memory_cannot_hold_beside_every_gpu_is_bound_by_memory_and_warned():
+    raw = {"image": "lmsysorg/sglang:v0.5.23", "engine": "sglang", "model": "Qwen/Qwen3-8B", "parallelism": {"tp": 1},
+           "hicache": {"hostPool": {"sizeGBPerRank": 100}}}
+    out = validate(raw, name="f", nodes=[gpu_node("n", "512Gi", gpus=8)])
+    rec = out.sizing
+    assert rec.pods_per_node_by_gpus == 8
+    assert rec.pods_per_node_by_memory == 512 * 2**30 // sizing.request_bytes(rec.pod_memory_bytes) == \
+        rec.pods_per_node < 8
+    warning = next(f for f in out.findings if f.rule == "pods-per-node-memory-bound")
+    assert f"GPUs for 8 pods of this deployment but allocatable memory for {rec.pods_per_node}" in warning.message
+    assert f"{8 - rec.pods_per_node} GPUs stay idle" in warning.message
+    assert out.ok  # a warning: the scheduler's memory requests keep the node from overcommitting
+
+
+def test_containers_the_pod_template_adds_come_out_of_the_pods_share():
+    sidecar = {"podTemplate": {"spec": {
+        "containers": [{"name": "log-shipper", "image": "x", "resources": {"requests": {"memory": "8Gi"}}}],
+        "initContainers": [{"name": "proxy", "image": "y", "restartPolicy": "Always",
+                            "resources": {"limits": {"memory": "2Gi"}}},
+                           {"name": "once", "image": "z", "resources": {"requests": {"memory": "64Gi"}}}]}}}
+    node = [gpu_node("a", "1Ti", gpus=8)]
+    plain, with_sidecars = sizing.compute(spec(**DRAM_TP4), node), sizing.compute(spec(**DRAM_TP4, **sidecar), node)
+    assert with_sidecars.sidecar_bytes == 10 * 2**30
+    assert with_sidecars.budget_per_rank_bytes == int(plain.budget_per_rank_bytes - 10 * 2**30 / 4)
+    assert 2 * (with_sidecars.pod_memory_bytes + with_sidecars.sidecar_bytes) <= 2**40 * 0.75 - 16 * 2**30
+    assert with_sidecars.inputs_hash != plain.inputs_hash
+
+
+def test_a_node_whose_memory_holds_fewer_pods_than_its_gpus_no_longer_fits_a_pinned_sizing():
+    s = spec(**DRAM_TP4)
+    rec = sizing.compute(s, [gpu_node("a", "1Ti", gpus=8)])
+    assert sizing.reevaluate(rec, s, [gpu_node("a", "1Ti", gpus=8), gpu_node("b", "2Ti", gpus=8)]) is None
+    why = sizing.reevaluate(rec, s, [gpu_node("a", "1Ti", gpus=8), gpu_node("dense", "1Ti", gpus=16)])
+    assert why and "dense has GPUs for 4 pods" in why

@@ -70,6 +70,8 @@ def matrix(version: str) -> list[tuple[str, dict]]:
     add("page-64", pageSize=64, hicache={"storage": storage("mooncake")})
     add("size-per-rank", hicache={"hostPool": {"sizeGBPerRank": 20}})
     add("cache-report", enableCacheReport=True)
+    add("extra-args", extraArgs=["--mem-fraction-static", "0.8", "--log-level=debug", "--served-model-name",
+                                 "$(POD_NAME)"])
     add("engine-version-field", image="registry.local/sglang:prod", engineVersion=version)
     add("dollar-in-extra-config", hicache={"storage": {**storage("mooncake"),
                                                        "extraConfig": {"master_server_address": "m:1",
