@@ -21,7 +21,7 @@ class Rule:
     severity: Severity
     message: str  # static for CEL rules; a str.format template otherwise
     cel: str | None = None
-    scope: str | None = None  # "root", "spec", "parallelism", "hicache", "hostPool"
+    scope: str | None = None  # "root", "spec", "parallelism", "hicache", "hostPool", "rollout", "modelSource"
 
 
 RULES: tuple[Rule, ...] = (
@@ -66,9 +66,27 @@ RULES: tuple[Rule, ...] = (
     Rule("bundled-model-source", "error",
          "engine bundled loads a local Hugging Face checkpoint directory: set model to an absolute "
          "path inside the pod (a mounted volume, e.g. /models/llama-3.1-8b) or to builtin:tiny / "
-         "builtin:small; a Hugging Face repo id needs engine: sglang",
-         "(has(self.engine) && self.engine == 'sglang') || !has(self.model) || "
+         "builtin:small, or keep the Hugging Face repo id and add spec.modelSource.huggingFace to "
+         "download it",
+         "(has(self.engine) && self.engine == 'sglang') || !has(self.model) || has(self.modelSource) || "
          "self.model.startsWith('/') || self.model in ['builtin:tiny', 'builtin:small']", "spec"),
+    Rule("model-source-one-of", "error",
+         "set exactly one of modelSource.huggingFace, modelSource.pvc, modelSource.hostPath or "
+         "modelSource.image",
+         "[has(self.huggingFace), has(self.pvc), has(self.hostPath), has(self.image)]"
+         ".filter(x, x).size() == 1", "modelSource"),
+    Rule("model-source-name", "error",
+         "with spec.modelSource, spec.model names the model (clients send it, sizing looks its shape up): "
+         "set model to its Hugging Face repo id or another name, not a path or builtin:*; the source "
+         "gives the path",
+         "!has(self.modelSource) || (has(self.model) && !self.model.startsWith('/') && "
+         "!self.model.startsWith('builtin:'))", "spec"),
+    Rule("hugging-face-repo-id", "error",
+         "modelSource.huggingFace downloads spec.model, which must be a Hub repo id like "
+         "Qwen/Qwen3-8B (letters, digits, '-', '_', '.'; one '/'), not a URL",
+         "!has(self.modelSource) || !has(self.modelSource.huggingFace) || !has(self.model) || "
+         "self.model.startsWith('/') || self.model.startsWith('builtin:') || "
+         "self.model.matches('^[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?$')", "spec"),
     Rule("bundled-parallelism", "error",
          "engine bundled runs tensor parallelism only: set parallelism.pp and parallelism.dp to 1, or use "
          "engine: sglang",
@@ -155,6 +173,9 @@ RULES: tuple[Rule, ...] = (
          "pods get no memory request or limit ({why}): the scheduler cannot keep their host pools off a "
          "full node; set resources.requests.memory, or spec.modelShape and maxTotalTokens so the operator "
          "sizes it"),
+    Rule("model-claim-not-shared", "warning",
+         "{what} PersistentVolumeClaim {claim} has access modes {modes}, which attach it to one node, and "
+         "the {replicas} pods run on {replicas} nodes: use a {needed} claim"),
     Rule("sizing-no-longer-fits", "warning",
          "the host pool sized at the last spec change no longer fits: {why}; edit the spec to re-size "
          "or add node memory"),
