@@ -2,8 +2,10 @@
 # Two images from one file; every base is pinned by tag and every final stage runs as a
 # non-root user with no compilers or package managers' build steps in it.
 #
-#   docker build --target runtime  -t hicache-runtime:0.1.0 .   # what GPU pods run (engine: bundled)
-#   docker build --target operator -t hicache-operator:0.1.0 .  # the operator (no torch)
+#   docker build --target runtime  -t ghcr.io/hicache-dev/hicache-runtime:0.1.0 .   # what GPU pods run (engine: bundled)
+#   docker build --target operator -t ghcr.io/hicache-dev/hicache-operator:0.1.0 .  # the operator (no torch)
+#
+# Releases push both to those paths (docs/release.md), which the chart and the samples use.
 #
 # Python pins match pyproject.toml's ranges (tests/unit/packaging checks that).
 
@@ -37,7 +39,8 @@ RUN uv python install 3.11.14 \
       pyyaml==6.0.3 \
       safetensors==0.8.0 \
       tokenizers==0.23.3 \
-      jinja2==3.1.6
+      jinja2==3.1.6 \
+      huggingface_hub==2.4.0
 WORKDIR /opt/hicache/app
 COPY kernels/ kernels/
 COPY cache_runtime/ cache_runtime/

@@ -14,7 +14,7 @@ from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hicache_operator import labels, render, sizing
+from hicache_operator import labels, model_progress, model_source, render, sizing
 from hicache_operator.kube import Kube
 from hicache_operator.pods import restart_hash_of
 from hicache_operator.rules import rule
@@ -182,6 +182,12 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
             events.append(("Normal", f"{reason}KeyCreated", f"generated {what} in Secret {secret_name}"))
         elif (given or not apply) and not kube.secret_exists(ns, secret_name):
             degraded.append((f"{reason}SecretMissing", f"Secret {secret_name} with {what} does not exist"))
+    degraded += model_source.claim_problems(
+        spec, {c.name: kube.claim_access_modes(ns, c.name) for c in model_source.claims(spec)})
+    token = model_source.token_secret(spec)
+    if token is not None and not kube.secret_exists(ns, token):
+        degraded.append(("ModelTokenSecretMissing", f"Secret {token} (modelSource.huggingFace.tokenSecretRef) "
+                                                    "does not exist: the model download cannot start"))
 
     never_fitted = next((f for f in p.outcome.findings if f.rule == "no-eligible-nodes-yet"), None)
     if never_fitted is not None:
@@ -192,7 +198,7 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
             degraded.append(("SizingNoLongerFits", rule("sizing-no-longer-fits").message.format(why=why)))
 
     status = build_status(generation=generation, previous=previous, desired=p.desired, errors=[], pods=pods,
-                          degraded=degraded, now=now)
+                          degraded=degraded, now=now, downloads=model_progress.read(pods))
     if early is not None:
         beside = early.result()
     elif alongside is not None:

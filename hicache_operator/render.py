@@ -9,7 +9,8 @@ same inputs always give byte-identical objects (and hashes). Children:
   maxUnavailable; a pod that restarts for any reason comes up with the target config.
 - Service ``<name>`` (clients; routes only to Ready pods, so the serving gate removes a pod),
   headless Service ``<name>-pods`` (stable pod DNS, not-ready addresses published),
-  ConfigMap ``<name>-storage`` (extra config JSON), Secret ``<name>-admin`` (generated admin key;
+  ConfigMap ``<name>-storage`` (extra config JSON), ConfigMap ``<name>-model`` (the download
+  script, with modelSource.huggingFace), Secret ``<name>-admin`` (generated admin key;
   rendered only when it must be created), PodDisruptionBudget ``<name>``.
 """
 
@@ -21,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hicache_operator import engine, flags, labels, overlay
+from hicache_operator import engine, flags, labels, model_source, overlay
 from hicache_operator.rollout import gate
 from hicache_operator.rollout.storage_config import StorageConfig, storage_fingerprint
 from hicache_operator.sizing import SizingRecord, memory_quantity
@@ -35,6 +36,17 @@ RUN_AS = 1000
 # Volumes every pod gets (name -> mount path); extraVolumes and extraVolumeMounts must not clash.
 CLIENT_SERVICE_COMPONENT = "service"  # the client Service's component label (the operator watches its slices)
 OPERATOR_VOLUMES = {"storage-config": flags.STORAGE_CONFIG_DIR, "tmp": "/tmp", "dshm": "/dev/shm"}
+
+
+def security_context() -> dict[str, Any]:
+    """Every container's (the engine's and the model download's)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+            "privileged": False}
+
+
+def operator_volumes(spec: HiCacheDeploymentSpec) -> dict[str, str]:
+    """Every volume the operator gives this spec's pods (name -> mount path)."""
+    return {**OPERATOR_VOLUMES, **model_source.reserved_mounts(spec)}
 
 
 @dataclass(frozen=True)
@@ -107,7 +119,9 @@ def args(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *, include_st
     """The engine's arguments: the operator's, then ``spec.extraArgs`` as written (``$(VAR)`` expands)."""
     return flags.render_args(spec.dump(), spec.engine, host_pool=host_pool_flag(spec, sizing),
                              include_storage=include_storage, api_key=uses_api_key(spec),
-                             legacy_dp_attention=engine.lacks(spec, "attn_dp_size_flag")) + list(spec.extra_args)
+                             legacy_dp_attention=engine.lacks(spec, "attn_dp_size_flag"),
+                             model_path=model_source.model_path(spec),
+                             served_name=model_source.served_name(spec)) + list(spec.extra_args)
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -140,6 +154,7 @@ def operator_env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: boo
         _field_env("MOONCAKE_LOCAL_HOSTNAME", "status.hostIP" if spec.host_network else "status.podIP"),
         {"name": flags.ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_key}}},
         {"name": "HOME", "value": "/tmp"},
+        *model_source.engine_env(spec),
     ]
     if engine.version(spec):
         # the release the flags were rendered for (the local test cluster's SGLang stand-in checks them with it)
@@ -218,12 +233,11 @@ def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, 
         "resources": resources(spec, sizing, include_storage=include_storage),
         "readinessProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 5, "timeoutSeconds": 2,
                            "failureThreshold": 2},
-        "startupProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 10, "timeoutSeconds": 5,
-                         "failureThreshold": 180},
+        "startupProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": model_source.STARTUP_PROBE_PERIOD,
+                         "timeoutSeconds": 5, "failureThreshold": model_source.startup_failure_threshold(spec)},
         "livenessProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 15, "timeoutSeconds": 5,
                           "failureThreshold": 4},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True, "privileged": False},
+        "securityContext": security_context(),
         # a runtime that cannot start (a bad checkpoint) ends its log with one line saying why;
         # the kubelet keeps that tail as lastState.terminated.message, and status shows it
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -231,6 +245,7 @@ def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, 
             {"name": "storage-config", "mountPath": OPERATOR_VOLUMES["storage-config"], "readOnly": True},
             {"name": "tmp", "mountPath": OPERATOR_VOLUMES["tmp"]},
             {"name": "dshm", "mountPath": OPERATOR_VOLUMES["dshm"]},
+            *model_source.mounts(spec),
             *spec.extra_volume_mounts,
         ],
     }
@@ -252,9 +267,14 @@ def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, 
             # memory-backed: counted in the pod's memory (status.sizing shmBytes), so bounded
             {"name": "dshm", "emptyDir": {"medium": "Memory",
                                           "sizeLimit": f"{int(spec.hicache.host_pool.shm_gib * 1024)}Mi"}},
+            *model_source.volumes(spec, owner.name),
             *spec.extra_volumes,
         ],
     }
+    downloads = model_source.init_containers(spec, owner.name, pod_ip_env=_field_env("POD_IP", "status.podIP"),
+                                             security_context=security_context())
+    if downloads:
+        pod_spec["initContainers"] = downloads
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -337,6 +357,17 @@ def configmap(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
     })
 
 
+def model_configmap(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any] | None:
+    """ConfigMap <name>-model (the download script), with modelSource.huggingFace only."""
+    if spec.model_source is None or spec.model_source.hugging_face is None:
+        return None
+    return _stamp({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(owner, model_source.configmap_name(owner.name), "model-download"),
+        "data": model_source.configmap_data(),
+    })
+
+
 def generated_secrets(spec: HiCacheDeploymentSpec, owner: Owner, new_key: Callable[[], str]) -> list[dict[str, Any]]:
     """The key Secrets the operator creates (once, never applied) because the spec names none."""
     out = []
@@ -374,5 +405,6 @@ def children(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Ow
 
     The key Secrets are not among them: ``generated_secrets`` renders them, and they are created,
     never applied, so an existing key cannot be rotated by a re-render."""
-    return [configmap(spec, owner), headless_service(owner), service(owner), pdb(spec, owner),
-            statefulset(spec, sizing, owner, process_backed=process_backed)]
+    model = model_configmap(spec, owner)
+    return [configmap(spec, owner), *([model] if model else []), headless_service(owner), service(owner),
+            pdb(spec, owner), statefulset(spec, sizing, owner, process_backed=process_backed)]

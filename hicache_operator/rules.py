@@ -23,7 +23,7 @@ class Rule:
     severity: Severity
     message: str  # static for CEL rules; a str.format template otherwise
     cel: str | None = None
-    scope: str | None = None  # the schema node: "root", "spec", "parallelism", "hicache", "hostPool", ...
+    scope: str | None = None  # the schema node: "root", "spec", "parallelism", "hicache", "hostPool", "modelSource", ...
 
 
 # podTemplate label and annotation keys that are the operator's: its selector labels and its prefix.
@@ -73,9 +73,27 @@ RULES: tuple[Rule, ...] = (
     Rule("bundled-model-source", "error",
          "engine bundled loads a local Hugging Face checkpoint directory: set model to an absolute "
          "path inside the pod (a mounted volume, e.g. /models/llama-3.1-8b) or to builtin:tiny / "
-         "builtin:small; a Hugging Face repo id needs engine: sglang",
-         "(has(self.engine) && self.engine == 'sglang') || !has(self.model) || "
+         "builtin:small, or keep the Hugging Face repo id and add spec.modelSource.huggingFace to "
+         "download it",
+         "(has(self.engine) && self.engine == 'sglang') || !has(self.model) || has(self.modelSource) || "
          "self.model.startsWith('/') || self.model in ['builtin:tiny', 'builtin:small']", "spec"),
+    Rule("model-source-one-of", "error",
+         "set exactly one of modelSource.huggingFace, modelSource.pvc, modelSource.hostPath or "
+         "modelSource.image",
+         "[has(self.huggingFace), has(self.pvc), has(self.hostPath), has(self.image)]"
+         ".filter(x, x).size() == 1", "modelSource"),
+    Rule("model-source-name", "error",
+         "with spec.modelSource, spec.model names the model (clients send it, sizing looks its shape up): "
+         "set model to its Hugging Face repo id or another name, not a path or builtin:*; the source "
+         "gives the path",
+         "!has(self.modelSource) || (has(self.model) && !self.model.startsWith('/') && "
+         "!self.model.startsWith('builtin:'))", "spec"),
+    Rule("hugging-face-repo-id", "error",
+         "modelSource.huggingFace downloads spec.model, which must be a Hub repo id like "
+         "Qwen/Qwen3-8B (letters, digits, '-', '_', '.'; one '/'), not a URL",
+         "!has(self.modelSource) || !has(self.modelSource.huggingFace) || !has(self.model) || "
+         "self.model.startsWith('/') || self.model.startsWith('builtin:') || "
+         "self.model.matches('^[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?$')", "spec"),
     Rule("bundled-parallelism", "error",
          "engine bundled runs tensor parallelism only: set parallelism.pp and parallelism.dp to 1, or use "
          "engine: sglang",
@@ -180,6 +198,9 @@ RULES: tuple[Rule, ...] = (
     Rule("pods-per-node-memory-bound", "warning",
          "node {node} has GPUs for {by_gpus} pods of this deployment but allocatable memory for {by_memory} at "
          "{need} each, so {idle} GPUs stay idle there: lower the host pool, or use hicache.hostPool.fromNodeMemory"),
+    Rule("model-claim-not-shared", "warning",
+         "{what} PersistentVolumeClaim {claim} has access modes {modes}, which attach it to one node, and "
+         "the {replicas} pods run on {replicas} nodes: use a {needed} claim"),
     Rule("sizing-no-longer-fits", "warning",
          "the host pool sized at the last spec change no longer fits: {why}; edit the spec to re-size "
          "or add node memory"),

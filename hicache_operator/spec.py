@@ -197,6 +197,75 @@ class PodTemplate(_Model):
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, mode="json")
+# A relative path inside a volume: segments that start with a letter, digit or '_' (no '..', no
+# leading '/'); "" is the volume's root. An absolute path: the same segments after a '/'.
+RELATIVE_PATH = r"^([A-Za-z0-9_][-._A-Za-z0-9]*(/[A-Za-z0-9_][-._A-Za-z0-9]*)*)?$"
+ABSOLUTE_PATH = r"^(/[A-Za-z0-9_][-._A-Za-z0-9]*)+$"
+# Files a Hugging Face download skips unless ignorePatterns says otherwise: other frameworks'
+# weights and Meta's consolidated originals, none of which either engine loads.
+DEFAULT_IGNORE_PATTERNS = ["original/*", "*.pth", "*.gguf", "*.onnx", "*.h5", "*.msgpack"]
+
+
+class ModelClaim(_Model):
+    """A directory on a PersistentVolumeClaim in the fleet's namespace."""
+
+    claim_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN,
+                            description="The PersistentVolumeClaim (ReadWriteMany, or ReadOnlyMany for pvc, when "
+                                        "replicas > 1: one pod runs per node).")
+    path: str = Field("", max_length=1024, pattern=RELATIVE_PATH,
+                      description="Directory inside the claim, relative to its root (empty: the root).")
+
+
+class HfTokenSecretRef(SecretKeyRef):
+    key: str = Field("token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class HuggingFaceSource(_Model):
+    """spec.model (a Hub repo id), downloaded once by huggingface_hub in the pods' model-download init container into a claim the fleet shares; the engine reads it offline from there."""
+
+    revision: str = Field("main", min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_][-._/A-Za-z0-9]*$",
+                          description="Branch, tag or commit. A branch is resolved at the first download and "
+                                      "kept: pin a commit for fleets that must not drift.")
+    token_secret_ref: HfTokenSecretRef | None = Field(
+        None, description="Secret holding a Hub token (gated or private repos); given to the download as "
+                          "HF_TOKEN from the Secret, never on a command line or in status.")
+    endpoint: str | None = Field(None, max_length=512, pattern=r"^https?://\S+$",
+                                 description="Hub endpoint (HF_ENDPOINT), e.g. an in-house mirror; unset: "
+                                             "huggingface.co.")
+    cache: ModelClaim = Field(description="Where the download lands, as <path>/<org>--<name>/<revision>: "
+                                          "fleets and restarts that find it complete download nothing.")
+    allow_patterns: list[str] | None = Field(None, description="Only files matching one of these globs.")
+    ignore_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORE_PATTERNS),
+                                       description="Files matching these globs are skipped (default: "
+                                                   + ", ".join(DEFAULT_IGNORE_PATTERNS) + ").")
+
+
+class HostPathSource(_Model):
+    """A checkpoint directory on the nodes themselves (read-only)."""
+
+    path: str = Field(max_length=1024, pattern=ABSOLUTE_PATH,
+                      description="The checkpoint directory on every node the pods may run on.")
+
+
+class ImageSource(_Model):
+    """A checkpoint inside an OCI image, mounted as a Kubernetes image volume (read-only)."""
+
+    reference: str = Field(min_length=1, max_length=512, pattern=r"^\S+$",
+                           description="OCI image or artifact holding the checkpoint (a Kubernetes image "
+                                       "volume: the ImageVolume feature, on by default from 1.35).")
+    path: str = Field("", max_length=1024, pattern=RELATIVE_PATH,
+                      description="The checkpoint directory inside the image (empty: its root).")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+
+
+class ModelSource(_Model):
+    """Where the checkpoint comes from; exactly one. The engine gets it as a local --model-path and serves it as spec.model (--served-model-name)."""
+
+    model_config = ConfigDict(json_schema_extra=_cel("modelSource"))
+    hugging_face: HuggingFaceSource | None = None
+    pvc: ModelClaim | None = Field(None, description="A checkpoint directory on a PersistentVolumeClaim (read-only).")
+    host_path: HostPathSource | None = None
+    image: ImageSource | None = None
 
 
 class HiCacheDeploymentSpec(_Model):
@@ -210,7 +279,17 @@ class HiCacheDeploymentSpec(_Model):
         description="SGLang release the image runs (e.g. 0.5.23), for the engine's feature checks; unset: read "
                     "from the image tag (lmsysorg/sglang:v0.5.23-cu129 -> 0.5.23).")
     model: str = _from_flag("model", min_length=1, max_length=512)
+    model_source: ModelSource | None = Field(
+        None, description="Where the checkpoint comes from (Hugging Face download, PVC, hostPath or image "
+                          "volume); spec.model then names it. Unset: model is a path in the pod or a hub id "
+                          "the engine resolves itself.")
     model_shape: ModelShape | None = None
+    startup_timeout_seconds: int | None = Field(
+        None, ge=60, le=7 * 24 * 3600,
+        description="How long the engine may take from its container's start to /health answering (loading "
+                    "weights, allocating pools): the startup probe's budget. Unset: 600, or 1800 when engine "
+                    "sglang downloads a Hub id itself. Downloads by modelSource run before it, without a "
+                    "deadline.")
     replicas: int = Field(1, ge=0, le=INT32_MAX)
     parallelism: Parallelism = Field(default_factory=Parallelism)
     page_size: int = _from_flag("pageSize", ge=1)

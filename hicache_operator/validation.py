@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hicache_operator import engine, engine_cli, engine_versions, flags, overlay, render, sizing
+from hicache_operator import engine, engine_cli, engine_versions, flags, model_source, overlay, render, sizing
 from hicache_operator.rollout.storage_config import hostname_paths, without_hostnames
 from hicache_operator.rules import OPERATOR_KEY_PREFIX, OPERATOR_LABEL_KEYS, rule
 from hicache_operator.spec import HiCacheDeploymentSpec, resolve_max_unavailable
@@ -87,10 +87,11 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
     if spec.engine == "sglang" and spec.model.startswith("builtin:"):
         out.append(finding("builtin-model-needs-bundled"))
     if spec.engine == "bundled":
-        if not (spec.model.startswith("/") or spec.model in BUNDLED_BUILTINS):
+        if not (spec.model.startswith("/") or spec.model in BUNDLED_BUILTINS or spec.model_source is not None):
             out.append(finding("bundled-model-source"))
         if spec.parallelism.dp > 1 or spec.parallelism.pp > 1:
             out.append(finding("bundled-parallelism"))
+    out += check_model_source(spec)
     try:
         resolve_max_unavailable(spec.rollout.max_unavailable, spec.replicas)
     except ValueError:
@@ -146,6 +147,21 @@ def _env_source(item: dict[str, Any]) -> str:
     if item["name"] in mooncake:
         return f" (from hicache.storage.mooncake.{mooncake[item['name']]})"
     return ""
+HUB_REPO_ID = re.compile(r"[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?")
+
+
+def check_model_source(spec: HiCacheDeploymentSpec) -> list[Finding]:
+    src = spec.model_source
+    if src is None:
+        return []
+    out = []
+    if sum(s is not None for s in (src.hugging_face, src.pvc, src.host_path, src.image)) != 1:
+        out.append(finding("model-source-one-of"))
+    if not model_source.is_hub_id(spec.model):
+        out.append(finding("model-source-name"))
+    elif src.hugging_face is not None and not HUB_REPO_ID.fullmatch(spec.model):
+        out.append(finding("hugging-face-repo-id"))
+    return out
 
 
 def check_file_storage(spec: HiCacheDeploymentSpec) -> list[Finding]:
@@ -227,7 +243,7 @@ def _check_tolerations(tolerations: list[dict[str, Any]]) -> list[tuple[str, str
 
 def _check_volumes(spec: HiCacheDeploymentSpec) -> list[tuple[str, str]]:
     out = []
-    ours = set(render.OPERATOR_VOLUMES)
+    ours = set(render.operator_volumes(spec))
     names: set[str] = set(ours)
     for i, vol in enumerate(spec.extra_volumes):
         name = vol.get("name")
@@ -237,7 +253,7 @@ def _check_volumes(spec: HiCacheDeploymentSpec) -> list[tuple[str, str]]:
             taken = "the operator's own volume" if name in ours else "another extra volume"
             out.append((f"extraVolumes[{i}].name", f"{name!r} is already used by {taken}"))
         names.add(name)
-    paths = set(render.OPERATOR_VOLUMES.values())
+    paths = set(render.operator_volumes(spec).values())
     for i, mount in enumerate(spec.extra_volume_mounts):
         if mount.get("name") not in names:
             out.append((f"extraVolumeMounts[{i}].name", f"{mount.get('name')!r} is not a volume of the pod "

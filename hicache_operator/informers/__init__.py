@@ -31,7 +31,9 @@ def pod_essence(body: Any) -> dict:
     return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations",
                                                "deletionTimestamp", "creationTimestamp") if k in meta},
             "status": {**{k: status[k] for k in ("phase", "podIP", "conditions") if k in status},
-                       "containerStatuses": [_container_essence(cs) for cs in status.get("containerStatuses") or []]}}
+                       "containerStatuses": [_container_essence(cs) for cs in status.get("containerStatuses") or []],
+                       "initContainerStatuses": [_container_essence(cs)
+                                                 for cs in status.get("initContainerStatuses") or []]}}
 
 
 def _container_essence(cs: dict) -> dict:
@@ -41,6 +43,10 @@ def _container_essence(cs: dict) -> dict:
         out["state"] = {"running": {"startedAt": state["running"].get("startedAt")}}
     elif state.get("waiting") is not None:
         out["state"] = {"waiting": {"reason": state["waiting"].get("reason")}}
+    # the last line the container wrote before it failed: why it cannot start (pods.unavailable_reason)
+    message = (((cs.get("lastState") or {}).get("terminated") or {}).get("message") or "").strip()
+    if message:
+        out["lastState"] = {"terminated": {"message": message.splitlines()[-1][:300]}}
     return out
 
 

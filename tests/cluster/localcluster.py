@@ -126,6 +126,16 @@ class LocalCluster:
         return self.workdir / "logs"
 
     @property
+    def images_dir(self) -> Path:
+        """Image volumes' files (see ``podrunner.image_volume_dir``)."""
+        return self.workdir / "images"
+
+    def image_volume(self, reference: str) -> Path:
+        """The directory a process-backed pod's image volume of ``reference`` mounts."""
+        from .podrunner import image_volume_dir
+        return image_volume_dir(self.images_dir, reference)
+
+    @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.ports['apiserver']}"
 
@@ -235,6 +245,8 @@ class LocalCluster:
             "--authorization-mode=Node,RBAC", "--allow-privileged=true",
             "--enable-priority-and-fairness=false", f"--profiling={str(self.profiling).lower()}",
             "--endpoint-reconciler-type=none",
+            # image volumes (volumes[].image): beta and off by default in 1.34, on from 1.35
+            "--feature-gates=ImageVolume=true",
             "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000",
             "--v=1"])
 
@@ -295,7 +307,7 @@ class LocalCluster:
         self._spawn("podrunner", [
             sys.executable, "-m", "tests.cluster.podrunner", f"--kubeconfig={self.kubeconfig}",
             f"--workdir={self.workdir / 'pods'}", f"--cidr={self.network.runner_cidr}",
-            f"--apiserver-port={self.ports['apiserver']}"],
+            f"--apiserver-port={self.ports['apiserver']}", f"--images-dir={self.images_dir}"],
             # the sglang shim: `python -m sglang.launch_server` runs our runtime in SGLang mode
             env={**self.env(), "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'cluster' / 'sglang_shim'}"})
 

@@ -275,7 +275,7 @@ NAMESPACED_ALLOWED = [
     ("patch", "hicachedeployments.hicache.dev", "status"),
     *((v, "statefulsets.apps", None) for v in ("get", "create", "patch")),
     *((v, r, None) for r in ("services", "configmaps", "poddisruptionbudgets.policy") for v in ("create", "patch")),
-    ("get", "secrets", None), ("create", "secrets", None),
+    ("get", "secrets", None), ("create", "secrets", None), ("get", "persistentvolumeclaims", None),
     *((v, "pods", None) for v in ("list", "watch", "delete")),
     ("patch", "pods", "status"),
     ("list", "endpointslices.discovery.k8s.io", None), ("watch", "endpointslices.discovery.k8s.io", None),
@@ -292,6 +292,8 @@ NAMESPACED_DENIED = [
     ("create", "rolebindings.rbac.authorization.k8s.io", None), ("create", "serviceaccounts", "token"),
     ("patch", "endpointslices.discovery.k8s.io", None), ("get", "services", None),
     ("patch", "pods", None),  # the gate and the storage annotations go through pods/status
+    ("list", "persistentvolumeclaims", None), ("create", "persistentvolumeclaims", None),
+    ("delete", "persistentvolumeclaims", None),  # a model cache is never the operator's to remove
 ]
 CLUSTER_ALLOWED = [("list", "nodes", None), ("watch", "nodes", None),
                    ("list", "customresourcedefinitions.apiextensions.k8s.io", None),

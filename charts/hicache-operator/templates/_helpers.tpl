@@ -80,6 +80,11 @@ reads of objects it only writes.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
+# modelSource claims (the download cache, a pvc source) are read for their access modes:
+# a claim one node attaches cannot serve a multi-node fleet.
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
 # kopf watches managed pods; kube.pods lists them; pods on a stale template are deleted; the
 # hicache.dev/serving label takes a pod out of serving and back (with a readmission, the pod's
 # storage annotations travel in the same patch).
