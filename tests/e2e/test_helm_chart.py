@@ -276,8 +276,7 @@ NAMESPACED_ALLOWED = [
     *((v, "statefulsets.apps", None) for v in ("get", "create", "patch")),
     *((v, r, None) for r in ("services", "configmaps", "poddisruptionbudgets.policy") for v in ("create", "patch")),
     ("get", "secrets", None), ("create", "secrets", None), ("get", "persistentvolumeclaims", None),
-    *((v, "pods", None) for v in ("list", "watch", "delete")),
-    ("patch", "pods", "status"),
+    *((v, "pods", None) for v in ("list", "watch", "patch", "delete")),  # patch: the serving label
     ("list", "endpointslices.discovery.k8s.io", None), ("watch", "endpointslices.discovery.k8s.io", None),
     ("create", "events", None),
 ]
@@ -291,7 +290,7 @@ NAMESPACED_DENIED = [
     ("create", "deployments.apps", None), ("create", "roles.rbac.authorization.k8s.io", None),
     ("create", "rolebindings.rbac.authorization.k8s.io", None), ("create", "serviceaccounts", "token"),
     ("patch", "endpointslices.discovery.k8s.io", None), ("get", "services", None),
-    ("patch", "pods", None),  # the gate and the storage annotations go through pods/status
+    ("patch", "pods", "status"),  # serving is a label: the operator writes no pod condition
     ("list", "persistentvolumeclaims", None), ("create", "persistentvolumeclaims", None),
     ("delete", "persistentvolumeclaims", None),  # a model cache is never the operator's to remove
 ]
