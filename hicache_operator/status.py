@@ -60,6 +60,16 @@ class EffectiveConfig(_Model):
         return self.model_dump(by_alias=True, mode="json")
 
 
+class MooncakeMasterStatus(_Model):
+    """The managed Mooncake master (spec.hicache.storage.mooncake.managed)."""
+
+    deployment: str = Field(description="Its Deployment and Service.")
+    address: str | None = Field(None, description="What the pods' MOONCAKE_MASTER names.")
+    replicas: int = Field(description="Masters wanted (one, or the HA leader and standbys).")
+    ready_replicas: int = Field(description="Masters whose /health answers (readiness probe).")
+    ready: bool = Field(description="At least one master is ready.")
+
+
 class HiCacheDeploymentStatus(_Model):
     observed_generation: int | None = None
     replicas: int | None = Field(None, description="Pods that exist (not terminating).")
@@ -78,6 +88,8 @@ class HiCacheDeploymentStatus(_Model):
     swap_progress: str | None = Field(
         None, description="Running pods on the target storage config / spec.replicas.")
     backend_swap: dict[str, Any] | None = Field(None, description="Backend swap state, owned by the rollout module.")
+    mooncake_master: MooncakeMasterStatus | None = Field(
+        None, description="The managed Mooncake master's readiness; unset without one.")
 
 
 @dataclass(frozen=True)
@@ -146,7 +158,8 @@ class Observed:
     when the spec is invalid (``errors`` says why); the status then describes the pods still
     running from the last valid spec, whose target ``previous`` keeps. ``problems``: (reason,
     message) found outside the pods (the sizing no longer fits, a Secret is missing).
-    ``swap``: None means as ``previous`` has it."""
+    ``swap``: None means as ``previous`` has it. ``master``: the managed Mooncake master, None
+    without one."""
 
     generation: int
     previous: dict[str, Any]
@@ -157,6 +170,7 @@ class Observed:
     problems: tuple[tuple[str, str], ...] = ()
     spec_replicas: int | None = None
     swap: SwapView | None = None
+    master: MooncakeMasterStatus | None = None
 
 
 class Status(dict):
@@ -174,11 +188,12 @@ class Status(dict):
 
 def build_status(*, generation: int, previous: dict | None, desired: Desired | None,
                  errors: list[tuple[str, str]], pods: list[dict], degraded: list[tuple[str, str]],
-                 now: str, spec_replicas: int | None = None, swap: SwapView | None = None) -> Status:
+                 now: str, spec_replicas: int | None = None, swap: SwapView | None = None,
+                 master: MooncakeMasterStatus | None = None) -> Status:
     """``derive`` of one reconcile's observation; ``degraded`` are its ``problems``."""
     return derive(Observed(generation=generation, previous=previous or {}, now=now, desired=desired,
                            errors=tuple(errors), pods=tuple(pods), problems=tuple(degraded),
-                           spec_replicas=spec_replicas, swap=swap))
+                           spec_replicas=spec_replicas, swap=swap, master=master))
 
 
 @dataclass
@@ -221,6 +236,8 @@ def derive(o: Observed) -> Status:
         out["swapProgress"] = f"{len(fleet.on_target)}/{fleet.replicas}"
     if swap.state is not None:
         out["backendSwap"] = swap.state
+    if o.master is not None:
+        out["mooncakeMaster"] = o.master.model_dump(by_alias=True, exclude_none=True)
     progressing = _progressing(o, swap, fleet)
     ready = fleet.ready >= fleet.replicas
     conds = [_config_valid(o),
@@ -276,6 +293,9 @@ def _progressing(o: Observed, swap: SwapView, fleet: _Fleet) -> tuple[str | None
         return "RollingRestart", "RollingRestart", f"{len(stale)} of {len(fleet.live)} pod(s) run an older pod template"
     if fleet.terminating:
         return "PodsTerminating", "PodsTerminating", f"{fleet.terminating} pod(s) terminating"
+    if o.master is not None and not o.master.ready and not fleet.live and fleet.replicas:
+        return "WaitingForMooncakeMaster", "WaitingForMooncakeMaster", (
+            f"the pods start once the Mooncake master {o.master.deployment} is ready (0/{o.master.replicas})")
     if len(fleet.live) != fleet.replicas:
         return "Scaling", "Scaling", f"{len(fleet.live)} pod(s), want {fleet.replicas}"
     if swap.failed is not None:
@@ -297,6 +317,9 @@ def _degraded(o: Observed, swap: SwapView, fleet: _Fleet, settled: bool) -> Cond
         problems.append(("ConfigInvalid", f"the spec is invalid (see ConfigValid); {len(fleet.live)} pod(s) of the "
                                           "last valid spec keep running"))
     problems += o.problems
+    if o.master is not None and not o.master.ready and fleet.live:
+        problems.append(("MooncakeMasterUnavailable", f"the Mooncake master {o.master.deployment} has no ready "
+                         f"replica (0/{o.master.replicas}): the pods' L3 store is unreachable; see its pods"))
     if swap.failed is not None:
         problems.append((SWAP_FAILED, f"backend swap failed: {swap.failed.get('message', '')}"))
     if swap.unattached:
