@@ -30,6 +30,7 @@ _APPLY_PATHS = {
     "Service": "/api/v1/namespaces/{namespace}/services/{name}",
     "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
     "PodDisruptionBudget": "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}",
+    "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
 }
 _APPLY = "application/apply-patch+yaml"
 
@@ -229,6 +230,17 @@ class Kube:
         sel = f"{labels.selector_string(deployment)},{labels.DEPLOYMENT}={deployment}"
         with API_SECONDS.labels("list", "Pod").time():
             return plain_json(self.core.list_namespaced_pod, namespace, label_selector=sel).get("items") or []
+
+    def delete_child(self, kind: str, namespace: str, name: str) -> None:
+        """Delete a child the spec no longer renders (gone already is fine)."""
+        method, url, headers, body, post = self.api.param_serialize(
+            method="DELETE", resource_path=_APPLY_PATHS[kind], path_params={"namespace": namespace, "name": name},
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+        with API_SECONDS.labels("delete", kind).time():
+            resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post)
+            resp.read()
+        if resp.status != 404 and not 200 <= resp.status < 300:
+            raise ApiException(http_resp=resp)
 
     def touch_service(self, namespace: str, name: str, stamp: str) -> None:
         """Set the Service's ``labels.ENDPOINTS_RESYNC`` annotation (its own field manager: the

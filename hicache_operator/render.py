@@ -12,6 +12,8 @@ same inputs always give byte-identical objects (and hashes). Children:
   ConfigMap ``<name>-storage`` (extra config JSON), ConfigMap ``<name>-model`` (the download
   script, with modelSource.huggingFace), Secret ``<name>-admin`` (generated admin key;
   rendered only when it must be created), PodDisruptionBudget ``<name>``.
+- With ``hicache.storage.mooncake.managed``: Deployment and Service ``<name>-mooncake`` running
+  ``mooncake_master``; the pods' MOONCAKE_MASTER is that Service (or, with ``ha``, ``etcd://``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from hicache_operator import engine, flags, labels, model_source, overlay
 from hicache_operator.rollout import gate
 from hicache_operator.rollout.storage_config import StorageConfig, storage_fingerprint
 from hicache_operator.sizing import SizingRecord, memory_quantity
-from hicache_operator.spec import (GROUP, KIND, RUNTIME_CONTAINER, VERSION, HiCacheDeploymentSpec,
+from hicache_operator.spec import (GROUP, KIND, RUNTIME_CONTAINER, VERSION, HiCacheDeploymentSpec, ManagedMaster,
                                    resolve_max_unavailable)
 
 ADMIN_SECRET_KEY = "admin-api-key"
@@ -36,12 +38,24 @@ RUN_AS = 1000
 # Volumes every pod gets (name -> mount path); extraVolumes and extraVolumeMounts must not clash.
 CLIENT_SERVICE_COMPONENT = "service"  # the client Service's component label (the operator watches its slices)
 OPERATOR_VOLUMES = {"storage-config": flags.STORAGE_CONFIG_DIR, "tmp": "/tmp", "dshm": "/dev/shm"}
+MASTER_CONTAINER = "master"
+MASTER_COMPONENT = "mooncake-master"  # the master's app.kubernetes.io/name and component labels
+MASTER_COMMAND = "mooncake_master"  # console script of the mooncake wheel (execs the bundled binary)
 
 
-def security_context() -> dict[str, Any]:
-    """Every container's (the engine's and the model download's)."""
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
-            "privileged": False}
+def security_context(spec: HiCacheDeploymentSpec | None = None) -> dict[str, Any]:
+    """A container's: non-root with no capabilities (the model download's, and the engine's
+    without RDMA). The engine's with ``spec.rdma``: IPC_LOCK (in effect for a root process; a
+    non-root one relies on the memlock limit the node's container runtime sets), or with
+    ``rdma.privileged`` privileged and root, which registers memory whatever that limit."""
+    rdma = spec.rdma if spec is not None else None
+    if rdma is not None and rdma.privileged:
+        return {"privileged": True, "allowPrivilegeEscalation": True, "runAsNonRoot": False, "runAsUser": 0,
+                "runAsGroup": 0, "capabilities": {"add": ["IPC_LOCK"]}}
+    caps: dict[str, list[str]] = {"drop": ["ALL"]}
+    if rdma is not None:
+        caps["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "capabilities": caps, "runAsNonRoot": True, "privileged": False}
 
 
 def operator_volumes(spec: HiCacheDeploymentSpec) -> dict[str, str]:
@@ -62,7 +76,34 @@ class Owner:
 
 def names(name: str) -> dict[str, str]:
     return {"statefulset": name, "service": name, "headless": f"{name}-pods", "configmap": f"{name}-storage",
-            "secret": f"{name}-admin", "apiSecret": f"{name}-api", "pdb": name}
+            "secret": f"{name}-admin", "apiSecret": f"{name}-api", "pdb": name, "mooncakeMaster": f"{name}-mooncake"}
+
+
+def managed_master(spec: HiCacheDeploymentSpec) -> ManagedMaster | None:
+    mooncake = spec.hicache.storage.mooncake
+    return mooncake.managed if mooncake is not None else None
+
+
+def mooncake_master_address(managed: ManagedMaster, name: str, namespace: str) -> str:
+    """What the pods' MOONCAKE_MASTER names: the master's Service, or with HA the etcd cluster
+    through which clients find the elected leader."""
+    if managed.ha is not None:
+        return "etcd://" + ";".join(managed.ha.etcd_endpoints)
+    return f"{names(name)['mooncakeMaster']}.{namespace}.svc:{managed.rpc_port}"
+
+
+def mooncake_metadata_url(managed: ManagedMaster, name: str, namespace: str) -> str:
+    assert managed.http_metadata_server is not None
+    return f"http://{names(name)['mooncakeMaster']}.{namespace}.svc:{managed.http_metadata_server.port}/metadata"
+
+
+def mooncake_cluster_id(owner: "Owner") -> str:
+    """The HA masters' election scope in etcd (--cluster_id; clients: MC_STORE_CLUSTER_ID), one per fleet."""
+    return f"{owner.namespace}.{owner.name}"
+
+
+def master_labels(name: str) -> dict[str, str]:
+    return {labels.NAME: MASTER_COMPONENT, labels.INSTANCE: name, labels.MANAGED_BY: labels.MANAGER}
 
 
 def digest(obj: Any) -> str:
@@ -128,7 +169,7 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def mooncake_env(spec: HiCacheDeploymentSpec) -> list[dict[str, Any]]:
+def mooncake_env(spec: HiCacheDeploymentSpec, owner: Owner) -> list[dict[str, Any]]:
     """MOONCAKE_* settings as env; from the effective extra config when mooncake is the backend."""
     st = spec.hicache.storage
     if st.backend != "mooncake" and st.mooncake is None:
@@ -141,6 +182,9 @@ def mooncake_env(spec: HiCacheDeploymentSpec) -> list[dict[str, Any]]:
             value = {"protocol": "tcp", "metadataServer": "P2PHANDSHAKE"}[fld]
         if var and value is not None:
             env.append({"name": var, "value": str(value)})
+    managed = managed_master(spec)
+    if managed is not None and managed.ha is not None:
+        env.append({"name": "MC_STORE_CLUSTER_ID", "value": mooncake_cluster_id(owner)})
     return env
 
 
@@ -163,7 +207,7 @@ def operator_env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: boo
         api_name, api_key = secret_ref(spec, owner.name, "api")
         env.append({"name": flags.API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": api_name, "key": api_key}}})
     if include_storage:
-        env += mooncake_env(spec)
+        env += mooncake_env(spec, owner)
     return env
 
 
@@ -182,14 +226,16 @@ def resources(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *,
     requests = {k: str(v) for k, v in spec.resources.requests.items()}
     limits = {k: str(v) for k, v in spec.resources.limits.items()}
     memory = sizing.pod_memory if sizing is not None else None
-    if memory and not include_storage and sizing.mooncake_segment_bytes and sizing.pod_memory_bytes:
-        memory = memory_quantity(sizing.pod_memory_bytes - sizing.mooncake_segment_bytes)
+    if memory and not include_storage and sizing.storage_bytes and sizing.pod_memory_bytes:
+        memory = memory_quantity(sizing.pod_memory_bytes - sizing.storage_bytes)
     if memory:
         requests.setdefault("memory", memory)
         # A user's larger request raises the limit with it (a request above its limit is refused).
         limits.setdefault("memory", requests["memory"])
     requests["nvidia.com/gpu"] = gpus
     limits["nvidia.com/gpu"] = gpus
+    if spec.rdma is not None:  # an extended resource: request = limit
+        requests[spec.rdma.resource] = limits[spec.rdma.resource] = str(spec.rdma.count)
     return {"requests": requests, "limits": limits}
 
 
@@ -237,7 +283,7 @@ def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, 
                          "timeoutSeconds": 5, "failureThreshold": model_source.startup_failure_threshold(spec)},
         "livenessProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 15, "timeoutSeconds": 5,
                           "failureThreshold": 4},
-        "securityContext": security_context(),
+        "securityContext": security_context(spec),
         # a runtime that cannot start (a bad checkpoint) ends its log with one line saying why;
         # the kubelet keeps that tail as lastState.terminated.message, and status shows it
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -399,12 +445,108 @@ def pdb(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
     })
 
 
+def _master_meta(owner: Owner, name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": owner.namespace,
+            "labels": {**master_labels(owner.name), labels.DEPLOYMENT: owner.name, labels.COMPONENT: MASTER_COMPONENT},
+            "ownerReferences": [owner.reference()]}
+
+
+def master_args(managed: ManagedMaster, owner: Owner) -> list[str]:
+    """mooncake_master's flags: every port explicit (its HTTP servers otherwise take 8080 and 9003),
+    bound to the pod's address (with HA the address it advertises in etcd), log to stderr."""
+    args = ["--rpc_address=$(POD_IP)", f"--rpc_port={managed.rpc_port}",
+            "--metrics_host=$(POD_IP)", f"--metrics_port={managed.metrics_port}",
+            f"--default_kv_lease_ttl={managed.kv_lease_ttl_ms}", f"--client_ttl={managed.client_ttl_seconds}",
+            f"--eviction_high_watermark_ratio={managed.eviction_high_watermark_ratio}",
+            f"--eviction_ratio={managed.eviction_ratio}"]
+    http = managed.http_metadata_server
+    args += ["--enable_http_metadata_server=true", f"--http_metadata_server_port={http.port}"] if http else \
+        ["--enable_http_metadata_server=false"]
+    if managed.ha is not None:
+        args += ["--enable_ha=true", f"--etcd_endpoints={';'.join(managed.ha.etcd_endpoints)}",
+                 f"--cluster_id={mooncake_cluster_id(owner)}"]
+    return args + ["--logtostderr=true"]
+
+
+def master_ports(managed: ManagedMaster) -> list[tuple[str, int]]:
+    """(name, port) the master listens on; a standby of an HA pair serves no RPC."""
+    ports = [("rpc", managed.rpc_port), ("metrics", managed.metrics_port)]
+    if managed.http_metadata_server is not None:
+        ports.append(("http-metadata", managed.http_metadata_server.port))
+    return ports
+
+
+def mooncake_master_deployment(spec: HiCacheDeploymentSpec, managed: ManagedMaster, owner: Owner, *,
+                               process_backed: bool) -> dict[str, Any]:
+    """The master's Deployment: one replica (Recreate: two masters behind one Service would split
+    the store), or with HA a leader and standbys rolled one at a time."""
+    health = {"httpGet": {"path": "/health", "port": "metrics"}}
+    container: dict[str, Any] = {
+        "name": MASTER_CONTAINER,
+        "image": managed.image or spec.image,
+        "command": [MASTER_COMMAND],
+        "args": master_args(managed, owner),
+        "env": [_field_env("POD_IP", "status.podIP")],
+        "ports": [{"name": n, "containerPort": port, "protocol": "TCP"} for n, port in master_ports(managed)],
+        "resources": {"requests": {k: str(v) for k, v in managed.resources.requests.items()},
+                      "limits": {k: str(v) for k, v in managed.resources.limits.items()}},
+        "readinessProbe": {**health, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},
+        "livenessProbe": {**health, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "privileged": False, "readOnlyRootFilesystem": True},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if managed.node_selector:
+        pod_spec["nodeSelector"] = dict(managed.node_selector)
+    if managed.tolerations:
+        pod_spec["tolerations"] = list(managed.tolerations)
+    strategy = {"type": "Recreate"} if managed.ha is None else \
+        {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    return _stamp({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _master_meta(owner, names(owner.name)["mooncakeMaster"]),
+        "spec": {
+            "replicas": managed.ha.replicas if managed.ha is not None else 1,
+            "strategy": strategy,
+            "selector": {"matchLabels": master_labels(owner.name)},
+            "template": {"metadata": {"labels": {**master_labels(owner.name), labels.COMPONENT: MASTER_COMPONENT},
+                                      "annotations": {labels.PROCESS_BACKED: "true"} if process_backed else {}},
+                         "spec": pod_spec},
+        },
+    })
+
+
+def mooncake_master_service(managed: ManagedMaster, owner: Owner) -> dict[str, Any]:
+    """The master's Service: RPC for the pods (not with HA: clients find the leader through etcd),
+    metrics, and the HTTP metadata server when it runs."""
+    ports = [(n, port) for n, port in master_ports(managed) if n != "rpc" or managed.ha is None]
+    return _stamp({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _master_meta(owner, names(owner.name)["mooncakeMaster"]),
+        "spec": {"type": "ClusterIP", "selector": master_labels(owner.name),
+                 "ports": [{"name": n, "port": port, "targetPort": n, "protocol": "TCP"} for n, port in ports]},
+    })
+
+
 def children(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
              process_backed: bool = False) -> list[dict[str, Any]]:
     """The applied children, in apply order (the StatefulSet last, after what its pods mount).
 
     The key Secrets are not among them: ``generated_secrets`` renders them, and they are created,
     never applied, so an existing key cannot be rotated by a re-render."""
+    managed = managed_master(spec)
+    master = [] if managed is None else [
+        mooncake_master_service(managed, owner),
+        mooncake_master_deployment(spec, managed, owner, process_backed=process_backed)]
     model = model_configmap(spec, owner)
     return [configmap(spec, owner), *([model] if model else []), headless_service(owner), service(owner),
-            pdb(spec, owner), statefulset(spec, sizing, owner, process_backed=process_backed)]
+            pdb(spec, owner), *master, statefulset(spec, sizing, owner, process_backed=process_backed)]

@@ -7,7 +7,7 @@ message. CEL rules are attached to the schema nodes through ``json_schema_extra`
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -78,8 +78,62 @@ class HostPool(_Model):
                            description="Size of the pod's memory-backed /dev/shm (NCCL, IPC); counted in the pod's memory.")
 
 
+class Resources(_Model):
+    requests: dict[str, IntOrString] = Field(default_factory=dict)
+    limits: dict[str, IntOrString] = Field(default_factory=dict)
+
+
+HOST_PORT = r"^[^\s:;/]+:[0-9]{1,5}$"
+PORT = {"ge": 1, "le": 65535}
+
+
+class HttpMetadataServer(_Model):
+    port: int = Field(8080, **PORT, description="Port of the master's HTTP metadata server (it listens on every "
+                                                "address of the pod).")
+
+
+class MasterHA(_Model):
+    etcd_endpoints: list[Annotated[str, Field(pattern=HOST_PORT, max_length=253)]] = Field(
+        min_length=1, max_length=16, description=(
+            "host:port of each member of an existing etcd cluster the masters elect their leader through; "
+            "clients find the leader there too (MOONCAKE_MASTER etcd://...)."))
+    replicas: int = Field(2, ge=2, le=7, description="Masters: one leader and standbys.")
+
+
+class ManagedMaster(_Model):
+    """A mooncake_master the operator runs: Deployment and Service ``<name>-mooncake``."""
+
+    model_config = ConfigDict(json_schema_extra=_cel("mooncakeManaged"))
+    image: str | None = Field(None, min_length=1, max_length=512, pattern=r"^\S(.*\S)?$", description=(
+        "Image with the mooncake_master command on its PATH; unset: spec.image (the runtime image carries the "
+        "mooncake wheel, SGLang's images mooncake-transfer-engine)."))
+    rpc_port: int = Field(50051, **PORT, description="The master's RPC port (clients' MOONCAKE_MASTER).")
+    metrics_port: int = Field(9003, **PORT, description="Prometheus metrics and the /health probe.")
+    kv_lease_ttl_ms: int = Field(10000, ge=1, alias="kvLeaseTTLMs", description=(
+        "How long an object stays unevictable after a read or write (--default_kv_lease_ttl, ms)."))
+    client_ttl_seconds: int = Field(10, ge=1, alias="clientTTLSeconds", description=(
+        "Seconds a client's segment stays mounted after its last heartbeat (--client_ttl)."))
+    eviction_high_watermark_ratio: float = Field(0.9, gt=0, le=1, description=(
+        "Share of the mounted segments in use at which eviction starts (--eviction_high_watermark_ratio)."))
+    eviction_ratio: float = Field(0.05, gt=0, le=1, description=(
+        "Share of objects evicted at a time when full (--eviction_ratio)."))
+    http_metadata_server: HttpMetadataServer | None = Field(None, description=(
+        "Run the master's HTTP metadata server (off: clients use P2PHANDSHAKE); the pods' metadataServer "
+        "then defaults to it."))
+    ha: MasterHA | None = Field(None, description="High availability: several masters, leader elected through etcd.")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "4Gi"}),
+        description="The master container's resources (it holds object metadata; the memory is lent by the pods).")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class Mooncake(_Model):
-    master_address: str | None = Field(None, min_length=1, description="host:port of mooncake_master (MOONCAKE_MASTER).")
+    model_config = ConfigDict(json_schema_extra=_cel("mooncake"))
+    master_address: str | None = Field(None, min_length=1, description="host:port of an existing mooncake_master "
+                                                                       "(MOONCAKE_MASTER).")
+    managed: ManagedMaster | None = Field(None, description="Have the operator run the master (instead of "
+                                                            "masterAddress).")
     # No schema defaults here: a default would read as "set" and clash with extraConfig; the
     # effective defaults (tcp, P2PHANDSHAKE) are filled in by validation.normalise.
     protocol: Literal[flags.MOONCAKE_PROTOCOLS] | None = Field(None, description="tcp (default) or rdma.")  # type: ignore[valid-type]
@@ -136,9 +190,15 @@ class Rollout(_Model):
     drain_timeout_seconds: int = Field(300, ge=1, le=INT32_MAX, description="How long a pod may take to finish in-flight requests.")
 
 
-class Resources(_Model):
-    requests: dict[str, IntOrString] = Field(default_factory=dict)
-    limits: dict[str, IntOrString] = Field(default_factory=dict)
+class Rdma(_Model):
+    model_config = ConfigDict(json_schema_extra=_cel("rdma"))
+    resource: str = Field(min_length=1, max_length=253, description=(
+        "Extended resource of the RDMA device plugin, e.g. rdma/hca_shared_devices_a (requested and limited)."))
+    count: int = Field(1, ge=1, le=64, description="Devices per pod.")
+    privileged: bool = Field(False, description=(
+        "Run the runtime container privileged as root, so it can lock (register) memory whatever the node's "
+        "memlock limit; off: the container gets IPC_LOCK and the node's container runtime must give containers an "
+        "unlimited memlock limit."))
 
 
 class ModelShape(_Model):
@@ -301,6 +361,7 @@ class HiCacheDeploymentSpec(_Model):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     affinity: dict[str, Any] | None = None
+    rdma: Rdma | None = Field(None, description="RDMA devices for the Mooncake transfer engine (protocol rdma).")
     host_network: bool = Field(False, description="Pods use the node's network; MOONCAKE_LOCAL_HOSTNAME becomes the host IP.")
     extra_volumes: list[dict[str, Any]] = Field(default_factory=list)
     extra_volume_mounts: list[dict[str, Any]] = Field(default_factory=list)

@@ -61,6 +61,16 @@ class EffectiveConfig(_Model):
         return self.model_dump(by_alias=True, mode="json")
 
 
+class MooncakeMasterStatus(_Model):
+    """The managed Mooncake master (spec.hicache.storage.mooncake.managed)."""
+
+    deployment: str = Field(description="Its Deployment and Service.")
+    address: str | None = Field(None, description="What the pods' MOONCAKE_MASTER names.")
+    replicas: int = Field(description="Masters wanted (one, or the HA leader and standbys).")
+    ready_replicas: int = Field(description="Masters whose /health answers (readiness probe).")
+    ready: bool = Field(description="At least one master is ready.")
+
+
 class HiCacheDeploymentStatus(_Model):
     observed_generation: int | None = None
     replicas: int | None = Field(None, description="Pods that exist (not terminating).")
@@ -82,6 +92,8 @@ class HiCacheDeploymentStatus(_Model):
     swap_progress: str | None = Field(
         None, description="Running pods on the target storage config / spec.replicas.")
     backend_swap: dict[str, Any] | None = Field(None, description="Backend swap state, owned by the rollout module.")
+    mooncake_master: MooncakeMasterStatus | None = Field(
+        None, description="The managed Mooncake master's readiness; unset without one.")
 
 
 @dataclass(frozen=True)
@@ -151,7 +163,8 @@ class Observed:
     running from the last valid spec, whose target ``previous`` keeps. ``problems``: (reason,
     message) found outside the pods (the sizing no longer fits, a Secret is missing).
     ``swap``: None means as ``previous`` has it. ``downloads``: pod -> the progress its model
-    download reports (``model_download.Progress.report``)."""
+    download reports (``model_download.Progress.report``). ``master``: the managed Mooncake
+    master, None without one."""
 
     generation: int
     previous: dict[str, Any]
@@ -163,6 +176,7 @@ class Observed:
     spec_replicas: int | None = None
     swap: SwapView | None = None
     downloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    master: MooncakeMasterStatus | None = None
 
 
 class Status(dict):
@@ -181,11 +195,12 @@ class Status(dict):
 def build_status(*, generation: int, previous: dict | None, desired: Desired | None,
                  errors: list[tuple[str, str]], pods: list[dict], degraded: list[tuple[str, str]],
                  now: str, spec_replicas: int | None = None, swap: SwapView | None = None,
-                 downloads: dict[str, dict[str, Any]] | None = None) -> Status:
+                 downloads: dict[str, dict[str, Any]] | None = None,
+                 master: MooncakeMasterStatus | None = None) -> Status:
     """``derive`` of one reconcile's observation; ``degraded`` are its ``problems``."""
     return derive(Observed(generation=generation, previous=previous or {}, now=now, desired=desired,
                            errors=tuple(errors), pods=tuple(pods), problems=tuple(degraded),
-                           spec_replicas=spec_replicas, swap=swap, downloads=downloads or {}))
+                           spec_replicas=spec_replicas, swap=swap, downloads=downloads or {}, master=master))
 
 
 @dataclass
@@ -231,6 +246,8 @@ def derive(o: Observed) -> Status:
         out["swapProgress"] = f"{len(fleet.on_target)}/{fleet.replicas}"
     if swap.state is not None:
         out["backendSwap"] = swap.state
+    if o.master is not None:
+        out["mooncakeMaster"] = o.master.model_dump(by_alias=True, exclude_none=True)
     progressing = _progressing(o, swap, fleet)
     ready = fleet.ready >= fleet.replicas
     conds = [_config_valid(o),
@@ -289,6 +306,9 @@ def _progressing(o: Observed, swap: SwapView, fleet: _Fleet) -> tuple[str | None
                                                     "template; each is drained, then restarted")
     if fleet.terminating:
         return "PodsTerminating", "PodsTerminating", f"{fleet.terminating} pod(s) terminating"
+    if o.master is not None and not o.master.ready and not fleet.live and fleet.replicas:
+        return "WaitingForMooncakeMaster", "WaitingForMooncakeMaster", (
+            f"the pods start once the Mooncake master {o.master.deployment} is ready (0/{o.master.replicas})")
     if len(fleet.live) != fleet.replicas:
         return "Scaling", "Scaling", f"{len(fleet.live)} pod(s), want {fleet.replicas}"
     if swap.failed is not None:
@@ -312,6 +332,9 @@ def _degraded(o: Observed, swap: SwapView, fleet: _Fleet, settled: bool) -> Cond
         problems.append(("ConfigInvalid", f"the spec is invalid (see ConfigValid); {len(fleet.live)} pod(s) of the "
                                           "last valid spec keep running"))
     problems += o.problems
+    if o.master is not None and not o.master.ready and fleet.live:
+        problems.append(("MooncakeMasterUnavailable", f"the Mooncake master {o.master.deployment} has no ready "
+                         f"replica (0/{o.master.replicas}): the pods' L3 store is unreachable; see its pods"))
     if swap.failed is not None:
         problems.append((SWAP_FAILED, f"backend swap failed: {swap.failed.get('message', '')}"))
     if swap.unattached:

@@ -5,7 +5,8 @@
 - ``pods``: the fleets' pods (kopf's index, filled from the pod watch), what a swap step must
   hear about at once (``pod_identity``), and the serving gates the operator's own patches set
   that the watch has not delivered yet;
-- ``slices``: the client Services' EndpointSlices (kopf's index): pod IP -> ready.
+- ``slices``: the client Services' EndpointSlices (kopf's index): pod IP -> ready;
+- ``masters``: the managed Mooncake masters' Deployments (kopf's index).
 
 The kopf handlers (``handlers``) fill these; the controller's workers read them.
 """
@@ -50,6 +51,13 @@ def _container_essence(cs: dict) -> dict:
     return out
 
 
+def master_essence(body: Any) -> dict:
+    """What status reads from a managed master's Deployment: desired and ready replicas."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    return {"name": (body.get("metadata") or {}).get("name"), "replicas": spec.get("replicas", 1),
+            "readyReplicas": status.get("readyReplicas") or 0}
+
+
 def pod_identity(body: Any, deleted: bool = False) -> tuple:
     """What a swap step needs to hear about at once: which pod (uid), whether it is going away,
     where its runtime is (IP) and its phase. Its conditions (the serving gate, Ready) are not
@@ -79,6 +87,7 @@ class Informers:
         self.nodes: NodeCache | None = None
         self.pods: Mapping[Key, Any] = {}
         self.slices: Mapping[tuple[str, str], Any] = {}
+        self.masters: Mapping[Key, Any] = {}
         self._guard = threading.Lock()
         self._identities: dict[tuple[Key, str], tuple] = {}  # (deployment, pod) -> pod_identity
         self._slice_readiness: dict[tuple[str, str], dict[str, bool]] = {}  # (namespace, slice) -> IP -> ready
@@ -123,6 +132,12 @@ class Informers:
     def live_pods(self, key: Key) -> list[dict]:
         """The deployment's pods as the watch last saw them (kopf's own objects: read only)."""
         return list(self.pods.get(key, []))
+
+    def master(self, key: Key) -> dict | None:
+        """The deployment's managed master Deployment (``master_essence``) as the watch last saw
+        it; None when there is none."""
+        found = list(self.masters.get(key, []))
+        return dict(found[0]) if found else None
 
     def cached_pods(self, key: Key) -> list[dict]:
         """The deployment's pods as the watch last saw them (copies: a reconcile edits its own),

@@ -20,6 +20,13 @@ cluster run on machines of their own, and a kubelet puts all pods under one `kub
 cgroup. During a 64-pod backend swap that made every etcd request take ~50 ms (10 ms with
 the pods in one group) and every API call ~0.15 s.
 
+Service names: there is no cluster DNS or kube-proxy, so a pod's process gets an /etc/hosts
+of its own (bind-mounted in a mount namespace of its own, as a kubelet manages a pod's
+/etc/hosts) that maps `<svc>`, `<svc>.<ns>`, `<svc>.<ns>.svc` and `<svc>.<ns>.svc.cluster.local`
+of every Service in its namespace that has a ready endpoint when the process starts to that
+endpoint's address (a ClusterIP would lead to a ready endpoint too). Services that get their first
+ready endpoint later are not in it until the process restarts; forked (zygote) processes get none.
+
 Volumes: configMap, secret, emptyDir and the service-account token are materialised
 under the pod's own directory, hostPath is the machine's own directory, a persistentVolumeClaim
 is the directory of the hostPath (or local) PersistentVolume it is bound to, an image volume is
@@ -285,6 +292,29 @@ class PodWorker(threading.Thread):
         return re.sub(rf"(?<![\w/])({alternatives})(?=/|$|\W)", lambda m: str(mounts[m.group(1)]), value)
 
     # -- process -------------------------------------------------------------------------
+    def _service_hosts(self) -> list[str]:
+        """/etc/hosts lines for the Services of the pod's namespace with a ready endpoint."""
+        slices = client.DiscoveryV1Api(self.runner.core.api_client).list_namespaced_endpoint_slice(self.ns).items
+        lines = {}
+        for sl in slices:
+            svc = (sl.metadata.labels or {}).get("kubernetes.io/service-name")
+            ready = [a for ep in sl.endpoints or [] if ep.conditions and ep.conditions.ready for a in ep.addresses]
+            if svc and ready and svc not in lines:
+                names = (svc, f"{svc}.{self.ns}", f"{svc}.{self.ns}.svc", f"{svc}.{self.ns}.svc.cluster.local")
+                lines[svc] = f"{sorted(ready)[0]}\t{' '.join(names)}"
+        return list(lines.values())
+
+    def _with_hosts(self, argv: list[str]) -> list[str]:
+        """``argv`` run in a mount namespace whose /etc/hosts also names the namespace's Services."""
+        entries = self._service_hosts()
+        if not entries:
+            return argv
+        hosts = self.dir / "hosts"
+        hosts.write_text(Path("/etc/hosts").read_text() + "\n# Services (tests/cluster/podrunner.py)\n"
+                         + "\n".join(entries) + "\n")
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *argv]
+
     def _log(self, c: dict) -> Path:
         inits = {i["name"] for i in self.pod["spec"].get("initContainers") or []}
         return self.dir / (f"init-{c['name']}.log" if c["name"] in inits else "container.log")
@@ -308,8 +338,8 @@ class PodWorker(threading.Thread):
             logf.close()
             self.proc = zygote.spawn(argv, env, self.dir, self._log(c))
         else:
-            self.proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=logf, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, process_group=0)
+            self.proc = subprocess.Popen(self._with_hosts(argv), env=env, cwd=self.dir, stdout=logf,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
             logf.close()
         self.started_at = now()
         self.process_started = time.monotonic()

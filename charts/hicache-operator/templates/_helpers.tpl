@@ -70,8 +70,16 @@ reads of objects it only writes.
   resources: [statefulsets]
   verbs: [get, create, patch]
 - apiGroups: [""]
-  resources: [services, configmaps]
+  resources: [configmaps]
   verbs: [create, patch]
+# A managed Mooncake master (Deployment + Service) is watched for its readiness and deleted
+# when the spec stops asking for it.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [create, patch]

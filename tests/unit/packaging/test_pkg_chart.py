@@ -13,7 +13,8 @@ NAMESPACED = {
     ("hicache.dev", "hicachedeployments"): {"get", "list", "watch"},
     ("hicache.dev", "hicachedeployments/status"): {"patch"},
     ("apps", "statefulsets"): {"get", "create", "patch"},
-    ("", "services"): {"create", "patch"},
+    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},  # a managed Mooncake master
+    ("", "services"): {"create", "patch", "delete"},
     ("", "configmaps"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
@@ -45,7 +46,8 @@ def container(objs: list[dict]) -> dict:
 
 
 @pytest.mark.parametrize("sets", [(), ("watchNamespaces={a,b}",), ("metrics.serviceMonitor.enabled=true",),
-                                  ("processBacked=true", "logLevel=debug")])
+                                  ("processBacked=true", "logLevel=debug"),
+                                  ("monitoring.podMonitor.enabled=true", "monitoring.grafanaDashboard.enabled=true")])
 def test_helm_lint_is_clean(helm, sets):
     args = ["lint", "--strict", str(CHART)] + [a for s in sets for a in ("--set", s)]
     out = helm.run(*args).stdout
