@@ -44,6 +44,10 @@ RUN uv python install 3.11.14 \
 WORKDIR /opt/hicache/app
 COPY kernels/ kernels/
 COPY cache_runtime/ cache_runtime/
+# The native CPU decode kernels (g++ from this devel base; one library with AVX2 and AVX-512
+# variants, picked at load; the final image needs only libstdc++). The library checks its
+# sources at load, so they stay in the image beside it.
+RUN /opt/venv/bin/python cache_runtime/cpu_kernels/build.py
 # Compile the transfer kernels (static cudart: the .so needs only libc/libstdc++ at load
 # time) and keep them at a fixed path.
 RUN uv venv --python 3.11.14 /opt/kernels-build \

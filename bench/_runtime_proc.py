@@ -114,7 +114,33 @@ def machine_info() -> dict:
     except (OSError, ValueError, IndexError):
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "mem_bytes": mem, "loadavg_at_start": os.getloadavg(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "cpu_flags": _vector_flags(), "cpu_kernels": _cpu_kernels()}
+
+
+_VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
+
+
+def _vector_flags() -> list[str]:
+    """The vector-instruction flags of /proc/cpuinfo that decide the runtime's CPU kernels."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [x for x in _VECTOR_FLAGS if x in have]
+    except OSError:
+        pass
+    return []
+
+
+def _cpu_kernels() -> str | None:
+    """The native CPU kernel variant the runtime uses on this machine (None: torch only)."""
+    if os.environ.get("HICACHE_CPU_KERNELS") == "0":
+        return None
+    sys.path.insert(0, str(REPO))
+    from cache_runtime import cpu_kernels
+
+    return cpu_kernels.variant()
 
 
 class Runtime:

@@ -583,7 +583,8 @@ def main(argv=None) -> int:
     a.model_path = resolve_model_path(a.model_path)
     ws, l1, l2 = working_set(a), l1_tokens(a), l2_tokens(a)
     info = machine_info()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['mem_bytes'] / 2**30:.0f} GiB; load avg "
+    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['mem_bytes'] / 2**30:.0f} GiB, "
+          f"{' '.join(info['cpu_flags'])}; CPU kernels {info['cpu_kernels'] or 'off (torch only)'}; load avg "
           f"{info['loadavg_at_start'][0]:.2f}")
     print(f"working set {ws} tokens; L1 {l1} tokens ({l1 / ws:.0%}); L2 {l2} tokens ({l2 / ws:.0%}); "
           f"{a.num_clients} clients x {a.num_rounds} rounds; model {a.model_path}")
