@@ -51,8 +51,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import (Runtime, machine_info, matmul_weight_bytes, no_nan, resolve_model_path,  # noqa: E402
-                           stream_generate)
+from _runtime_proc import (RuntimeProcess, machine_info, matmul_weight_bytes, no_nan,  # noqa: E402
+                           resolve_model_path, start_runtime, stream_generate)
 
 GOAL_RATIO_C1 = 1.0
 GOAL_RATIO_C16 = 2.0
@@ -168,7 +168,7 @@ async def closed_loop(url: str, reqs: list[dict], concurrency: int) -> tuple[lis
     return results, wall
 
 
-def runtime_pass(server: Runtime, reqs: list[dict], concurrency: int) -> dict:
+def runtime_pass(server: RuntimeProcess, reqs: list[dict], concurrency: int) -> dict:
     r = httpx.post(server.url + "/flush_cache", timeout=60, trust_env=False)
     if r.status_code != 200:
         raise RuntimeError(f"/flush_cache answered {r.status_code}: {r.text[:200]}")
@@ -191,7 +191,7 @@ def runtime_pass(server: Runtime, reqs: list[dict], concurrency: int) -> dict:
             "latency_p50_s": percentile([x["latency"] for x in results], 0.5)}
 
 
-def runtime_decode(server: Runtime, n: int, token_hi: int) -> dict:
+def runtime_decode(server: RuntimeProcess, n: int, token_hi: int) -> dict:
     """One long generation from a 32-token prompt: decode tokens/s after the first token."""
     httpx.post(server.url + "/flush_cache", timeout=60, trust_env=False)
     rng = random.Random(7)
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
               f"(max {max(len(q['input_ids']) for q in rs)}), output {sum(q['output_len'] for q in rs)} tokens")
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    server = Runtime(flags, workdir / "runtime.log")
+    server = start_runtime(flags, workdir / "runtime.log")
     baseline = None
     runs = {c: {"runtime": [], "baseline": []} for c in a.concurrency}
     decode = {"runtime": [], "baseline": [], "bandwidth": []}

@@ -80,7 +80,6 @@ class _EngineCollector:
         degraded = 1 if (storage is not None and storage.degraded) or e.storage_status_reason else 0
         yield gauge("hicache_storage_degraded", "1 when the L3 backend is unreachable and the runtime runs on L1+L2.",
                     degraded)
-        yield gauge("hicache_draining", "1 while the drain switch is on.", 1 if e.draining else 0)
 
 
 class Metrics:

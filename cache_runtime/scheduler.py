@@ -40,10 +40,6 @@ log = logging.getLogger(__name__)
 _STOP_WINDOW_TOKENS = 64
 
 
-class Draining(Exception):
-    """The server is draining: new work is refused with 503."""
-
-
 @dataclass
 class Output:
     """What the engine tells a request's consumer after each step."""
@@ -192,7 +188,6 @@ class Engine:
         self._commands: collections.deque = collections.deque()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self.draining = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.storage_status_reason: str | None = None
@@ -268,9 +263,7 @@ class Engine:
             raise ValueError(f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
                              f"exceeds the KV pool (--max-total-tokens {self.device_pool.size})")
 
-    def submit(self, req: Request, bypass_drain: bool = False) -> None:
-        if self.draining and not bypass_drain:
-            raise Draining("server is draining")
+    def submit(self, req: Request) -> None:
         self.validate(req.input_ids, req.params)
         self._inbox.append(req)
         self._wake.set()
