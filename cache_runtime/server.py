@@ -19,15 +19,14 @@ from starlette.requests import ClientDisconnect
 
 import kernels
 from cache_runtime import __version__
-from cache_runtime.args import ServerArgs, parse_extra_config
+from cache_runtime.args import ServerArgs
 from cache_runtime.auth import Level, check
 from cache_runtime.metrics import Metrics
-from cache_runtime.policies import PREFETCH_POLICIES, WRITE_POLICIES, PrefetchConfig, check_policy
 from cache_runtime.models import BUILTIN_CONFIGS
 from cache_runtime.protocol import (AttachIn, BadRequest, ChatCompletionIn, CompletionIn, GenerateIn,
                                     parse_json, validate)
 from cache_runtime.sampling import SamplingParams
-from cache_runtime.scheduler import Engine, Output
+from cache_runtime.scheduler import Engine, Output, StorageAttach
 from cache_runtime.scheduler import Request as EngineRequest
 from cache_runtime.tokenization import ChatTemplateError, Tokenizer
 
@@ -580,14 +579,11 @@ class Server:
                 f"#running-req={self.engine.num_running}")
 
     async def _attach(self, body: AttachIn):
-        name = body.hicache_storage_backend
-        write_policy = body.hicache_write_policy or self.engine.cache.write_policy
-        check_policy("hicache_write_policy", write_policy, WRITE_POLICIES)
-        prefetch_policy = body.hicache_storage_prefetch_policy or self.args.hicache_storage_prefetch_policy
-        check_policy("hicache_storage_prefetch_policy", prefetch_policy, PREFETCH_POLICIES)
-        extra = parse_extra_config(body.hicache_storage_backend_extra_config_json)
-        prefetch, backend_extra = PrefetchConfig.from_extra_config(prefetch_policy, extra)
         engine = self.engine
+        want = StorageAttach.parse(body.hicache_storage_backend, body.hicache_storage_backend_extra_config_json,
+                                   body.hicache_storage_prefetch_policy or self.args.hicache_storage_prefetch_policy,
+                                   body.hicache_write_policy or engine.cache.write_policy)
+        name = want.name
 
         def precheck():
             if engine.cache.host is None:
@@ -598,10 +594,10 @@ class Server:
             if current is not None and current != name:
                 return f"HiCache storage backend '{current}' is attached. Cannot attach different backend '{name}'. Detach first."
             if current == name:  # same backend: only the policies change
-                engine.cache.write_policy = write_policy
-                engine.cache.prefetch = prefetch
-                self.args.hicache_write_policy = write_policy
-                self.args.hicache_storage_prefetch_policy = prefetch_policy
+                engine.cache.write_policy = want.write_policy
+                engine.cache.prefetch = want.prefetch
+                self.args.hicache_write_policy = want.write_policy
+                self.args.hicache_storage_prefetch_policy = want.prefetch_policy
                 return "same"
             return None
 
@@ -611,7 +607,7 @@ class Server:
         if verdict:
             return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{verdict}\n", status_code=400)
         try:
-            backend = await asyncio.to_thread(engine.create_storage, name, backend_extra)
+            backend = await asyncio.to_thread(engine.open_storage, want)
         except Exception as exc:
             return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{type(exc).__name__}: {exc}\n",
                                      status_code=400)
@@ -619,13 +615,7 @@ class Server:
         def install():
             if engine.cache.storage is not None:  # another attach won the race
                 return f"HiCache storage backend '{engine.cache.storage_backend_name}' is attached. Detach first."
-            engine.cache.attach_storage(name, backend, prefetch, extra)
-            engine.cache.write_policy = write_policy
-            engine.storage_status_reason = None
-            self.args.hicache_storage_backend = name
-            self.args.hicache_storage_backend_extra_config = body.hicache_storage_backend_extra_config_json
-            self.args.hicache_storage_prefetch_policy = prefetch_policy
-            self.args.hicache_write_policy = write_policy
+            engine.install_storage(want, backend)
             return None
 
         refused = await asyncio.wrap_future(engine.call(install))
