@@ -30,6 +30,10 @@ _APPLY_PATHS = {
     "Service": "/api/v1/namespaces/{namespace}/services/{name}",
     "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
     "PodDisruptionBudget": "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}",
+    "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+    "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/{name}",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
 }
 _APPLY = "application/apply-patch+yaml"
 
@@ -84,7 +88,7 @@ class Kube:
         self.memo_seconds = memo_seconds
         self._secrets_seen: dict[tuple[str, str], float] = {}
         self._template_hashes: dict[tuple[str, str], str | None] = {}
-        self._admin_keys: dict[tuple[str, str, str], tuple[float, str | None]] = {}
+        self._secret_keys: dict[tuple[str, str, str], tuple[float, str | None]] = {}
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
         self.policy = client.PolicyV1Api(self.api)
@@ -120,6 +124,22 @@ class Kube:
         if kind == "StatefulSet":
             self._template_hashes[(ns, name)] = _template_hash(live)
         return live
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete one child the operator no longer renders (what it owns goes with it); False when
+        it was gone already."""
+        method, url, headers, body, post = self.api.param_serialize(
+            method="DELETE", resource_path=_APPLY_PATHS[kind], path_params={"namespace": namespace, "name": name},
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body={"propagationPolicy": "Background"}, auth_settings=["BearerToken"])
+        with API_SECONDS.labels("delete", kind).time():
+            resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post)
+            resp.read()
+        if resp.status == 404:
+            return False
+        if not 200 <= resp.status < 300:
+            raise ApiException(http_resp=resp)
+        return True
 
     def concurrently(self, *calls: Callable[[], Any]) -> list[Any]:
         """Run independent API calls at once and return their results in order; the first
@@ -168,10 +188,10 @@ class Kube:
         self._secrets_seen[(namespace, name)] = time.monotonic()
         return True
 
-    def admin_key(self, namespace: str, secret: str, field: str) -> str | None:
-        """The admin API key in the Secret (None: no Secret or no such key), remembered for
-        ``memo_seconds``: every swap step needs it."""
-        memo = self._admin_keys.get((namespace, secret, field))
+    def secret_key(self, namespace: str, secret: str, field: str) -> str | None:
+        """An API key in a Secret (the admin key, the clients' key; None: no Secret or no such
+        key), remembered for ``memo_seconds``: every swap step needs it."""
+        memo = self._secret_keys.get((namespace, secret, field))
         if memo is not None and time.monotonic() - memo[0] < self.memo_seconds:
             return memo[1]
         try:
@@ -181,7 +201,7 @@ class Kube:
                 return None
             raise
         value = base64.b64decode(data[field]).decode() if data.get(field) else None
-        self._admin_keys[(namespace, secret, field)] = (time.monotonic(), value)
+        self._secret_keys[(namespace, secret, field)] = (time.monotonic(), value)
         return value
 
     def _seen_recently(self, key: tuple[str, str]) -> bool:

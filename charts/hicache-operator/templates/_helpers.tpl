@@ -65,13 +65,26 @@ reads of objects it only writes.
   resources: [hicachedeployments/status]
   verbs: [patch]
 # Children are server-side applied (PATCH; creating through apply also needs create);
-# the StatefulSet is read back to see which pod template it carries.
+# the StatefulSet is read back to see which pod template it carries. The router's Deployment,
+# its Service of the pods in serving, ServiceAccount, Role and RoleBinding are deleted when
+# spec.router turns it off.
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [get, create, patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [create, patch, delete]
 - apiGroups: [""]
-  resources: [services, configmaps]
+  resources: [configmaps]
   verbs: [create, patch]
+- apiGroups: [""]
+  resources: [services, serviceaccounts]
+  verbs: [create, patch, delete]
+# The router's Role grants its ServiceAccount list and watch on pods in its namespace; the API
+# server lets the operator grant only what it holds itself (it does: see pods below).
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [create, patch]
