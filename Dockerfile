@@ -2,9 +2,12 @@
 # Three images from one file; every base is pinned by tag and every final stage runs as a
 # non-root user with no compilers or package managers' build steps in it.
 #
-#   docker build --target runtime  -t hicache-runtime:0.1.0 .   # what GPU pods run (engine: bundled)
-#   docker build --target operator -t hicache-operator:0.1.0 .  # the operator (no torch)
-#   docker build --target router   -t hicache-router:0.1.0 .    # SGLang's router (spec.router.image)
+#   docker build --target runtime  -t ghcr.io/hicache-dev/hicache-runtime:0.1.0 .   # what GPU pods run (engine: bundled)
+#   docker build --target operator -t ghcr.io/hicache-dev/hicache-operator:0.1.0 .  # the operator (no torch)
+#   docker build --target router   -t ghcr.io/hicache-dev/hicache-router:0.1.0 .    # SGLang's router (spec.router.image)
+#
+# Releases push all three to those paths (docs/release.md), which the chart, the samples and
+# spec.router.image's default use.
 #
 # Python pins match pyproject.toml's ranges (tests/unit/packaging checks that).
 
@@ -38,10 +41,15 @@ RUN uv python install 3.11.14 \
       pyyaml==6.0.3 \
       safetensors==0.8.0 \
       tokenizers==0.23.3 \
-      jinja2==3.1.6
+      jinja2==3.1.6 \
+      huggingface_hub==2.4.0
 WORKDIR /opt/hicache/app
 COPY kernels/ kernels/
 COPY cache_runtime/ cache_runtime/
+# The native CPU decode kernels (g++ from this devel base; one library with AVX2 and AVX-512
+# variants, picked at load; the final image needs only libstdc++). The library checks its
+# sources at load, so they stay in the image beside it.
+RUN /opt/venv/bin/python cache_runtime/cpu_kernels/build.py
 # Compile the transfer kernels (static cudart: the .so needs only libc/libstdc++ at load
 # time) and keep them at a fixed path.
 RUN uv venv --python 3.11.14 /opt/kernels-build \
@@ -56,6 +64,24 @@ RUN uv venv --python 3.11.14 /opt/kernels-build \
  && install -D -m 0644 /tmp/kernels/*/libhicache_kernels.so /opt/hicache/lib/libhicache_kernels.so \
  && rm -rf /tmp/kernels /opt/kernels-build \
  && /opt/venv/bin/python -m compileall -q /opt/hicache/app
+# Mooncake, the same wheel the tests run against: the runtime's mooncake L3 backend and the
+# mooncake_master command a managed master runs (spec.hicache.storage.mooncake.managed, whose
+# image defaults to this one). Its libraries need libibverbs (with the RDMA providers), libnuma
+# and libcurl; the final stage installs nothing, so they are gathered here: the libraries ldd
+# finds (glibc and the C++ runtime excepted: the final base has them) into
+# /opt/hicache/lib/mooncake, the providers dereferenced into /opt/ibverbs.
+# hadolint ignore=DL3008
+RUN uv pip install --python /opt/venv/bin/python mooncake-transfer-engine-non-cuda==0.3.13.post1 \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends libibverbs1 ibverbs-providers libnuma1 libcurl4t64 \
+ && rm -rf /var/lib/apt/lists/* \
+ && M=/opt/venv/lib/python3.11/site-packages/mooncake \
+ && chmod 0755 "$M/mooncake_master" \
+ && mkdir -p /opt/hicache/lib/mooncake /opt/ibverbs \
+ && ldd "$M/store.so" "$M/engine.so" "$M/mooncake_master" | awk '$3 ~ /^\// {print $3}' | sort -u \
+    | grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/ld-linux' \
+    | xargs -r cp -L -t /opt/hicache/lib/mooncake/ \
+ && cp -L /usr/lib/x86_64-linux-gnu/libibverbs/*.so /opt/ibverbs/
 # The embedded default checkpoint the bundled samples serve: a LlamaForCausalLM with real KV
 # geometry (16 layers, 8 KV heads x 128) and random weights, plus a locally trained tokenizer.
 RUN /opt/venv/bin/python -m cache_runtime.synth --preset demo --out /opt/hicache/models/demo
@@ -67,7 +93,10 @@ RUN groupadd --gid 10001 hicache \
 COPY --from=runtime-build /opt/python /opt/python
 COPY --from=runtime-build /opt/venv /opt/venv
 COPY --from=runtime-build /opt/hicache /opt/hicache
+COPY --from=runtime-build /opt/ibverbs /usr/lib/x86_64-linux-gnu/libibverbs
+COPY --from=runtime-build /etc/libibverbs.d /etc/libibverbs.d
 ENV PATH=/opt/venv/bin:$PATH \
+    LD_LIBRARY_PATH=/opt/hicache/lib/mooncake \
     PYTHONPATH=/opt/hicache/app \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import struct
 import subprocess
 import sys
@@ -17,18 +16,14 @@ from typing import AsyncIterator
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.support.runtime_proc import RuntimeProcess, free_port, peak_rss_bytes  # noqa: E402,F401 (re-exported)
 # The demo checkpoint (python -m cache_runtime.synth --preset demo): random weights, Llama-3 KV geometry,
 # ~247 M parameters in bf16. Written on first use; the synth CLI leaves an up-to-date one alone.
 # the embedded default checkpoint scripts/setup.sh writes (written here too when absent)
 MODELS_DIR = Path(os.environ.get("HICACHE_MODELS_DIR") or Path.home() / ".cache" / "hicache-operator" / "models")
 DEMO_CHECKPOINT = MODELS_DIR / "demo"
 _DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1, "BOOL": 1}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_demo_checkpoint(path: Path = DEMO_CHECKPOINT) -> Path:
@@ -85,18 +80,6 @@ def _numel(shape) -> int:
     return n
 
 
-def peak_rss_bytes(pid: int) -> int | None:
-    """VmHWM (peak resident set) of a live process, from /proc."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def machine_info() -> dict:
     cpu = platform.processor()
     try:
@@ -114,49 +97,39 @@ def machine_info() -> dict:
     except (OSError, ValueError, IndexError):
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "mem_bytes": mem, "loadavg_at_start": os.getloadavg(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "cpu_flags": _vector_flags(), "cpu_kernels": _cpu_kernels()}
 
 
-class Runtime:
-    def __init__(self, flags: list[str], log_path: Path, env: dict | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = open(log_path, "wb")
-        self.log_path = log_path
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cache_runtime", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             *flags],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-            stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300  # a real checkpoint loads in seconds, but 2 busy cores stretch that
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"runtime exited ({self.proc.returncode}); see {log_path}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"runtime did not become healthy; see {log_path}")
+_VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
-    def peak_rss_bytes(self) -> int | None:
-        return peak_rss_bytes(self.proc.pid)
+def _vector_flags() -> list[str]:
+    """The vector-instruction flags of /proc/cpuinfo that decide the runtime's CPU kernels."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [x for x in _VECTOR_FLAGS if x in have]
+    except OSError:
+        pass
+    return []
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+
+def _cpu_kernels() -> str | None:
+    """The native CPU kernel variant the runtime uses on this machine (None: torch only)."""
+    if os.environ.get("HICACHE_CPU_KERNELS") == "0":
+        return None
+    sys.path.insert(0, str(REPO))
+    from cache_runtime import cpu_kernels
+
+    return cpu_kernels.variant()
+
+
+def start_runtime(flags: list[str], log_path: Path, env: dict | None = None) -> RuntimeProcess:
+    """A runtime on a free loopback port, healthy (a real checkpoint loads in seconds, but 2 busy
+    cores stretch that: up to 300 s)."""
+    return RuntimeProcess(flags, log_path, env=env, ready_timeout=300).start()
 
 
 async def stream_generate(client: httpx.AsyncClient, body: dict) -> AsyncIterator[tuple[float, dict]]:

@@ -60,7 +60,6 @@ ATTACH = st.fixed_dictionaries({}, optional={
         TEXT, st.sampled_from(["{}", "[]", "{bad", "@/etc/passwd", '{"file_storage_path": 5}', "null"])),
     "hicache_storage_prefetch_policy": st.one_of(TEXT, st.sampled_from(["best_effort", "timeout", "never"])),
     "hicache_write_policy": st.one_of(TEXT, st.sampled_from(["write_back", "write_through", "always"]))})
-DRAIN = st.one_of(st.fixed_dictionaries({"drain": st.one_of(TEXT, NUMBERS, st.none())}), JSON_ANY)
 
 
 def _json_bytes(strategy):
@@ -77,11 +76,10 @@ BODIES = {
     ("POST", "/generate"): st.one_of(_json_bytes(GENERATE), RAW_BODIES),
     ("POST", "/v1/completions"): st.one_of(_json_bytes(COMPLETION), RAW_BODIES),
     ("PUT", "/hicache/storage-backend"): st.one_of(_json_bytes(ATTACH), RAW_BODIES),
-    ("POST", "/admin/drain"): st.one_of(_json_bytes(DRAIN), RAW_BODIES),
 }
 NO_BODY_ROUTES = [("GET", "/health"), ("GET", "/health_generate"), ("GET", "/metrics"), ("GET", "/server_info"),
-                  ("GET", "/get_server_info"), ("GET", "/get_model_info"), ("GET", "/v1/models"), ("GET", "/load"),
-                  ("GET", "/ready"), ("GET", "/flush_cache"), ("POST", "/flush_cache"),
+                  ("GET", "/get_server_info"), ("GET", "/get_model_info"), ("GET", "/v1/models"),
+                  ("GET", "/flush_cache"), ("POST", "/flush_cache"),
                   ("GET", "/hicache/storage-backend"), ("DELETE", "/hicache/storage-backend"),
                   ("POST", "/hicache/storage-backend/clear"), ("GET", "/clear_hicache_storage_backend"),
                   ("POST", "/clear_hicache_storage_backend"), ("PATCH", "/generate"), ("GET", "/nope/../generate"),
@@ -176,10 +174,10 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
-    from bench._runtime_proc import Runtime
+    from bench._runtime_proc import start_runtime
 
     with tempfile.TemporaryDirectory(prefix="fuzz-http-") as tmp:
-        server = Runtime(SERVER_FLAGS, Path(tmp) / "server.log")
+        server = start_runtime(SERVER_FLAGS, Path(tmp) / "server.log")
         try:
             tally = Tally()
             t0 = time.monotonic()

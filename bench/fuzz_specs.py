@@ -68,7 +68,25 @@ NAMES = st.one_of(
 IMAGES = st.one_of(st.sampled_from(["hicache-runtime:0.1.0", "lmsysorg/sglang:v0.5.5", "registry:5000/x/y@sha256:" + "a" * 64]),
                    UNICODE, st.sampled_from([" leading", "trailing ", "tab\tin", "", "x" * 600]))
 MODELS = st.one_of(st.sampled_from(["builtin:tiny", "builtin:small", "meta-llama/Llama-3.1-8B-Instruct",
-                                    "Qwen/Qwen2.5-7B-Instruct", "unknown/model", "builtin:nope"]), UNICODE)
+                                    "Qwen/Qwen2.5-7B-Instruct", "unknown/model", "builtin:nope", "/models/x",
+                                    "https://huggingface.co/Qwen/Qwen3-8B", "a/b/c", "gpt2"]), UNICODE)
+CLAIM_NAMES = st.sampled_from(["models", "hf-cache", "Bad_Claim", "", "a" * 300])
+VOLUME_PATHS = st.sampled_from(["", "qwen", "a/b", "../up", "/abs", "a/../b", ".hidden", "x" * 1100])
+MODEL_SOURCES = st.fixed_dictionaries({}, optional={
+    "huggingFace": st.fixed_dictionaries({}, optional={
+        "cache": st.fixed_dictionaries({}, optional={"claimName": CLAIM_NAMES, "path": VOLUME_PATHS}),
+        "revision": st.sampled_from(["main", "refs/pr/1", "a" * 40, "../main", "", "v 1"]),
+        "tokenSecretRef": st.fixed_dictionaries({"name": st.sampled_from(["hf", "Bad Name"])},
+                                                optional={"key": st.sampled_from(["token", "bad/key"])}),
+        "endpoint": st.sampled_from(["https://hub.internal", "http://10.0.0.1:8080", "ftp://x", "https:// x"]),
+        "allowPatterns": st.lists(st.sampled_from(["*.json", "*.safetensors", ""]), max_size=2),
+        "ignorePatterns": st.lists(st.sampled_from(["original/*", "*"]), max_size=2)}),
+    "pvc": st.fixed_dictionaries({}, optional={"claimName": CLAIM_NAMES, "path": VOLUME_PATHS}),
+    "hostPath": st.fixed_dictionaries({}, optional={"path": st.sampled_from(["/data/m", "rel", "/a/../b", "/"])}),
+    "image": st.fixed_dictionaries({}, optional={
+        "reference": st.sampled_from(["reg.local/m:v1", "", "has space"]), "path": VOLUME_PATHS,
+        "pullPolicy": st.sampled_from(["Always", "Sometimes"])}),
+})
 QUANTITY = st.one_of(st.sampled_from(["1", "500m", "64Gi", "1Ti", "100G", "0", "2", "1e3", "abc", "-1Gi", "1.5Gi",
                                       "9999999999999999999999Ti", ""]), st.integers(-2, 2**40))
 RESOURCE_NAMES = st.sampled_from(["cpu", "memory", "nvidia.com/gpu", "ephemeral-storage", "example.com/foo",
@@ -168,6 +186,8 @@ def spec_docs(draw) -> dict:
         "engine": maybe(st.sampled_from(flags.ENGINES)),
         "imagePullPolicy": maybe(st.sampled_from(["Always", "IfNotPresent", "Never", "Sometimes"])),
         "model": maybe(MODELS),
+        "modelSource": maybe(MODEL_SOURCES),
+        "startupTimeoutSeconds": maybe(st.one_of(st.sampled_from([60, 59, 3600]), BIG)),
         "modelShape": maybe(st.fixed_dictionaries({"numLayers": SMALL_INT}, optional={
             "numKvHeads": SMALL_INT, "headDim": st.sampled_from([64, 128, 1]), "dtypeBytes": st.sampled_from([1, 2, 4]),
             "mla": st.booleans(), "kvLoraRank": st.sampled_from([0, 512]), "qkRopeHeadDim": st.sampled_from([0, 64])})),

@@ -67,8 +67,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import (Runtime, free_port, machine_info, matmul_weight_bytes, resolve_model_path,  # noqa: E402
-                           no_nan, stream_generate)
+from _runtime_proc import (RuntimeProcess, free_port, machine_info, matmul_weight_bytes,  # noqa: E402
+                           no_nan, resolve_model_path, start_runtime, stream_generate)
 
 CONFIGS = ("no_cache", "l1", "l1_l2", "l1_l2_l3_file", "l1_l2_l3_mooncake")
 DEFAULT_CONFIGS = ("l1", "l1_l2", "l1_l2_l3_file")
@@ -421,7 +421,7 @@ def replay_summary(results: list[dict], num_rounds: int) -> dict:
     }
 
 
-def process_memory(server: Runtime) -> dict:
+def process_memory(server: RuntimeProcess) -> dict:
     """Peak and current RSS of a live runtime (VmHWM, VmRSS, RssAnon, RssFile from /proc/<pid>/status)."""
     out = {}
     try:
@@ -470,14 +470,14 @@ def capacity_bounds(name: str, a) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- shared L3
-def shared_l3_phase(first: Runtime, reqs: list[dict], a, workdir: Path, rep: int, memory: dict) -> dict:
+def shared_l3_phase(first: RuntimeProcess, reqs: list[dict], a, workdir: Path, rep: int, memory: dict) -> dict:
     """A second process on the first one's L3 directory replays the first one's requests (its L1/L2 cold),
     then a fresh process with no L3 does the same (the cold reference). Each is started and stopped here."""
     written = wait_storage_settled(first.url)
     out: dict = {"repeat": rep + 1, "backuped_tokens_settled": written, "errors": 0}
     for role, name, fresh in (("shared_l3", "l1_l2_l3_file", False), ("cold", "l1_l2", True)):
         flags, env = server_flags(name, a, workdir, None, fresh_store=fresh)
-        server = Runtime(flags, workdir / f"share-{role}-{rep}.log", env)
+        server = start_runtime(flags, workdir / f"share-{role}-{rep}.log", env)
         try:
             try:
                 res = asyncio.run(replay(server.url, reqs, a.output_length))
@@ -583,7 +583,8 @@ def main(argv=None) -> int:
     a.model_path = resolve_model_path(a.model_path)
     ws, l1, l2 = working_set(a), l1_tokens(a), l2_tokens(a)
     info = machine_info()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['mem_bytes'] / 2**30:.0f} GiB; load avg "
+    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['mem_bytes'] / 2**30:.0f} GiB, "
+          f"{' '.join(info['cpu_flags'])}; CPU kernels {info['cpu_kernels'] or 'off (torch only)'}; load avg "
           f"{info['loadavg_at_start'][0]:.2f}")
     print(f"working set {ws} tokens; L1 {l1} tokens ({l1 / ws:.0%}); L2 {l2} tokens ({l2 / ws:.0%}); "
           f"{a.num_clients} clients x {a.num_rounds} rounds; model {a.model_path}")
@@ -591,7 +592,7 @@ def main(argv=None) -> int:
         print("warning: L1 is not below 30% of the working set; raise --num-clients/--context-length")
     runs: dict[str, list[dict]] = {}
     skipped: dict[str, str] = {}
-    servers: dict[str, Runtime] = {}
+    servers: dict[str, RuntimeProcess] = {}
     memory: dict[str, dict] = {}
     share_runs: list[dict] = []
     workdir = Path(tempfile.mkdtemp(prefix="bench-multiturn-"))
@@ -612,7 +613,7 @@ def main(argv=None) -> int:
                             continue
                         rpc = mooncake[1]
                     flags, env = server_flags(name, a, workdir, rpc)
-                    servers[name] = Runtime(flags, workdir / f"{name}.log", env)
+                    servers[name] = start_runtime(flags, workdir / f"{name}.log", env)
                 url = servers[name].url
                 flushed = httpx.post(url + "/flush_cache", timeout=60, trust_env=False)
                 if flushed.status_code != 200:

@@ -51,8 +51,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import (Runtime, machine_info, matmul_weight_bytes, no_nan, resolve_model_path,  # noqa: E402
-                           stream_generate)
+from _runtime_proc import (RuntimeProcess, machine_info, matmul_weight_bytes, no_nan,  # noqa: E402
+                           resolve_model_path, start_runtime, stream_generate)
 
 GOAL_RATIO_C1 = 1.0
 GOAL_RATIO_C16 = 2.0
@@ -168,7 +168,7 @@ async def closed_loop(url: str, reqs: list[dict], concurrency: int) -> tuple[lis
     return results, wall
 
 
-def runtime_pass(server: Runtime, reqs: list[dict], concurrency: int) -> dict:
+def runtime_pass(server: RuntimeProcess, reqs: list[dict], concurrency: int) -> dict:
     r = httpx.post(server.url + "/flush_cache", timeout=60, trust_env=False)
     if r.status_code != 200:
         raise RuntimeError(f"/flush_cache answered {r.status_code}: {r.text[:200]}")
@@ -191,7 +191,7 @@ def runtime_pass(server: Runtime, reqs: list[dict], concurrency: int) -> dict:
             "latency_p50_s": percentile([x["latency"] for x in results], 0.5)}
 
 
-def runtime_decode(server: Runtime, n: int, token_hi: int) -> dict:
+def runtime_decode(server: RuntimeProcess, n: int, token_hi: int) -> dict:
     """One long generation from a 32-token prompt: decode tokens/s after the first token."""
     httpx.post(server.url + "/flush_cache", timeout=60, trust_env=False)
     rng = random.Random(7)
@@ -266,9 +266,12 @@ class Baseline:
 def copy_bandwidth(threads: int, nbytes: int = 1 << 30, reps: int = 7) -> dict:
     """STREAM-style copy of a 1 GiB buffer with torch, after a warm-up: median over ``reps``. For context,
     also a read-only pass over the same bytes (float32 ``sum``) and a bf16 GEMV (1 x 1024 by the buffer
-    as a (N, 1024) weight): the rate at which torch's own matmul kernel can stream weights."""
+    as a (N, 1024) weight) through torch and through the runtime's native CPU kernel: the rates at which
+    each can stream weights."""
     import torch
     import torch.nn.functional as F
+
+    from cache_runtime import cpu_kernels
 
     torch.set_num_threads(threads)
     src = torch.ones(nbytes, dtype=torch.uint8)
@@ -290,13 +293,15 @@ def copy_bandwidth(threads: int, nbytes: int = 1 << 30, reps: int = 7) -> dict:
     w = src.view(torch.bfloat16).view(-1, 1024)
     x = torch.ones(1, 1024, dtype=torch.bfloat16)
     gemv = timed(lambda: F.linear(x, w))
+    native = timed(lambda: cpu_kernels.linear(x, w)) if cpu_kernels.variant() else None
     del src, dst, f32, w
     gc.collect()
     med, best = statistics.median(times), min(times)
     return {"buffer_bytes": nbytes, "copied_bytes_per_s": nbytes / med, "read_write_bytes_per_s": 2 * nbytes / med,
             "copied_bytes_per_s_best": nbytes / best, "times_s": times,
             "read_only_sum_bytes_per_s": nbytes / statistics.median(read),
-            "bf16_gemv_weight_bytes_per_s": nbytes / statistics.median(gemv)}
+            "bf16_gemv_weight_bytes_per_s": nbytes / statistics.median(gemv),
+            "native_bf16_gemv_weight_bytes_per_s": nbytes / statistics.median(native) if native else None}
 
 
 # ----------------------------------------------------------------------------- report
@@ -330,7 +335,8 @@ def main(argv=None) -> int:
              "--max-running-requests", str(max(a.concurrency)), "--max-total-tokens", str(pool),
              *shlex.split(a.server_args)]
     info = machine_info()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['mem_bytes'] / 2**30:.0f} GiB; load avg "
+    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['mem_bytes'] / 2**30:.0f} GiB, "
+          f"{' '.join(info['cpu_flags'])}; CPU kernels {info['cpu_kernels'] or 'off (torch only)'}; load avg "
           f"{info['loadavg_at_start'][0]:.2f}")
     print(f"model {model_dir}: {weights['total_params'] / 1e6:.0f} M params, matmul weights "
           f"{weights['matmul_weight_bytes'] / 2**20:.0f} MiB read per decode step; threads {a.cpu_threads}")
@@ -340,7 +346,7 @@ def main(argv=None) -> int:
               f"(max {max(len(q['input_ids']) for q in rs)}), output {sum(q['output_len'] for q in rs)} tokens")
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    server = Runtime(flags, workdir / "runtime.log")
+    server = start_runtime(flags, workdir / "runtime.log")
     baseline = None
     runs = {c: {"runtime": [], "baseline": []} for c in a.concurrency}
     decode = {"runtime": [], "baseline": [], "bandwidth": []}
@@ -406,6 +412,9 @@ def main(argv=None) -> int:
         "fraction_of_limit_copied": spread(frac_copy),
         "read_only_sum_bytes_per_s": spread([b["read_only_sum_bytes_per_s"] for b in decode["bandwidth"]]),
         "bf16_gemv_weight_bytes_per_s": spread([b["bf16_gemv_weight_bytes_per_s"] for b in decode["bandwidth"]]),
+        "native_bf16_gemv_weight_bytes_per_s": (
+            spread([b["native_bf16_gemv_weight_bytes_per_s"] for b in decode["bandwidth"]])
+            if decode["bandwidth"][0]["native_bf16_gemv_weight_bytes_per_s"] else None),
         "runs": decode,
     }
     goals = {"decode_fraction_of_limit_read_write": statistics.median(frac_rw),
@@ -439,6 +448,10 @@ def main(argv=None) -> int:
     print(f"context: read-only (sum) {ds['read_only_sum_bytes_per_s']['median'] / 2**30:.2f} GiB/s; torch bf16 GEMV "
           f"streams weights at {ds['bf16_gemv_weight_bytes_per_s']['median'] / 2**30:.2f} GiB/s -> "
           f"{ds['bf16_gemv_weight_bytes_per_s']['median'] / wb:.1f} tok/s if decode were only GEMV")
+    if ds["native_bf16_gemv_weight_bytes_per_s"]:
+        rate = ds["native_bf16_gemv_weight_bytes_per_s"]["median"]
+        print(f"         the runtime's native GEMV ({info['cpu_kernels']}) streams them at {rate / 2**30:.2f} GiB/s -> "
+              f"{rate / wb:.1f} tok/s")
     print(f"decode / limit: {ds['fraction_of_limit_read_write']['median']:.2f} (read+write; goal >= "
           f"{GOAL_DECODE_FRACTION}: {'met' if goals['decode_goal_met'] else 'NOT met'}), "
           f"{ds['fraction_of_limit_copied']['median']:.2f} (copied)")

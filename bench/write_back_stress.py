@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import Runtime  # noqa: E402
+from _runtime_proc import start_runtime  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="wb-stress-"))
     prompts = make_prompts(a)
-    ref_server = Runtime(["--disable-radix-cache", "--max-total-tokens", str(4 * a.prompt_length)], work / "ref.log")
+    ref_server = start_runtime(["--disable-radix-cache", "--max-total-tokens", str(4 * a.prompt_length)], work / "ref.log")
     try:
         async def refs():
             async with httpx.AsyncClient(base_url=ref_server.url, timeout=300, trust_env=False) as c:
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         flags += ["--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "timeout",
                   "--hicache-storage-backend-extra-config",
                   json.dumps({"file_storage_path": str(work / "l3"), "prefetch_threshold": 16})]
-    server = Runtime(flags, work / "write_back.log")
+    server = start_runtime(flags, work / "write_back.log")
     print(f"write_back stress: {a.concurrency} clients, {a.duration:.0f}s, {len(prompts)} prompts, "
           f"L1 {a.max_total_tokens} tokens, log {work / 'write_back.log'}", flush=True)
     try:

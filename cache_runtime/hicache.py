@@ -30,7 +30,7 @@ from cache_runtime.memory import DevicePool, HostPool
 from cache_runtime.policies import PrefetchConfig, write_through_threshold
 from cache_runtime.radix import Namespace, RadixTree, TreeNode
 from cache_runtime.storage.hashing import namespace_seed, page_hashes
-from cache_runtime.storage_io import BackupStorageOp, PrefetchOp, RankedStorage, StorageWorker
+from cache_runtime.storage_io import BackupStorageOp, PrefetchOp, RankedStorage, StorageIoStats, StorageWorker
 from cache_runtime.transfer import BackupOp, LoadOp, TransferWorker
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class HiCache:
         self.enabled = enabled
         self.tree = RadixTree(page_size)
         self.counters = CacheCounters()
+        self.io = StorageIoStats()  # L2<->L3 latency and bytes, across attaches
         self._wake = wake
         # tp: cache_runtime.tp.Leader under tensor parallelism: copies are mirrored to the followers,
         # and L3 ops wait until the followers ran every copy sent before them
@@ -410,7 +411,7 @@ class HiCache:
             raise ValueError("an L3 storage backend needs --enable-hierarchical-cache (L2)")
         self.prefetch = prefetch
         self.storage = StorageWorker(storage, self._wake, max(prefetch.threshold, self.page_size),
-                                     wait_for=self.tp.wait_for if self.tp else None)
+                                     wait_for=self.tp.wait_for if self.tp else None, stats=self.io)
         self.storage_backend_name = name
         self.storage_extra_config = extra_config
 

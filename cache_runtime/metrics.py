@@ -7,7 +7,7 @@ engine thread never touches prometheus objects; only the latency histograms are 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -43,6 +43,21 @@ class _EngineCollector:
                     host.allocator.used_tokens if host else 0)
         yield gauge("sglang:hicache_host_total_tokens", "L2 host pool capacity in tokens.",
                     host.allocator.total_tokens if host else 0)
+        token_bytes = host.page_bytes / host.page_size if host else 0
+        yield gauge("hicache_host_used_bytes", "L2 host pool bytes in use (one rank's pool).",
+                    host.allocator.used_tokens * token_bytes if host else 0)
+        yield gauge("hicache_host_capacity_bytes", "L2 host pool capacity in bytes (one rank's pool).",
+                    host.allocator.total_tokens * token_bytes if host else 0)
+        io = cache.io
+        yield counter("hicache_storage_read_bytes", "Bytes prefetched from L3 into L2 (all ranks).", io.read_bytes)
+        yield counter("hicache_storage_written_bytes", "Bytes backed up from L2 to L3 (all ranks).", io.written_bytes)
+        for name, doc, latency in (
+                ("hicache_prefetch_duration_seconds", "L3 prefetches that fetched pages: issue to last page in L2.",
+                 io.prefetch),
+                ("hicache_backup_duration_seconds", "L3 backups that wrote pages: issue to last page in L3.",
+                 io.backup)):
+            buckets, total = latency.snapshot()
+            yield HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
         cached = CounterMetricFamily("sglang:cached_tokens", "Prompt tokens served from cache, by tier.",
                                      labels=["cache_source"])
         cached.add_metric(["device"], s.cached_device)
@@ -65,7 +80,6 @@ class _EngineCollector:
         degraded = 1 if (storage is not None and storage.degraded) or e.storage_status_reason else 0
         yield gauge("hicache_storage_degraded", "1 when the L3 backend is unreachable and the runtime runs on L1+L2.",
                     degraded)
-        yield gauge("hicache_draining", "1 while the drain switch is on.", 1 if e.draining else 0)
 
 
 class Metrics:

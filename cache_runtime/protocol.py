@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cache_runtime.models.config import GenerationDefaults
 from cache_runtime.sampling import SamplingParams
@@ -332,6 +332,3 @@ class AttachIn(_Lenient):
     hicache_storage_prefetch_policy: str | None = None
     hicache_write_policy: str | None = None
 
-
-class DrainIn(_Lenient):
-    drain: StrictBool

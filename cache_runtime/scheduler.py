@@ -26,7 +26,7 @@ from cache_runtime.memory import DevicePool, HostPool, host_pool_tokens
 from cache_runtime.models import load_model, resolve_config, resolve_dtype
 from cache_runtime.models.config import CheckpointError, ModelConfig, kv_bytes_per_token
 from cache_runtime.models.layers import ForwardBatch, SeqSpan
-from cache_runtime.policies import PrefetchConfig
+from cache_runtime.policies import PREFETCH_POLICIES, WRITE_POLICIES, PrefetchConfig, check_policy
 from cache_runtime.radix import namespace
 from cache_runtime.sampling import SamplingParams, sample
 from cache_runtime.storage.base import HiCacheStorageConfig
@@ -38,10 +38,6 @@ log = logging.getLogger(__name__)
 
 # stop strings are looked for in the text of this many last tokens
 _STOP_WINDOW_TOKENS = 64
-
-
-class Draining(Exception):
-    """The server is draining: new work is refused with 503."""
 
 
 @dataclass
@@ -145,6 +141,28 @@ def model_setup(args: ServerArgs, rank: int = 0) -> ModelSetup:
     return ModelSetup(cfg, device, dtype, kv_dtype, args.context_length or cfg.max_position_embeddings)
 
 
+@dataclass(frozen=True)
+class StorageAttach:
+    """One L3 configuration to attach, from the command line or ``PUT /hicache/storage-backend``."""
+
+    name: str
+    extra_json: str | None
+    prefetch_policy: str
+    write_policy: str
+    extra: dict
+    backend_extra: dict  # without the prefetch knobs, which the engine keeps
+    prefetch: PrefetchConfig
+
+    @classmethod
+    def parse(cls, name: str, extra_json: str | None, prefetch_policy: str, write_policy: str) -> "StorageAttach":
+        """Raises ValueError naming what is wrong."""
+        check_policy("hicache_write_policy", write_policy, WRITE_POLICIES)
+        check_policy("hicache_storage_prefetch_policy", prefetch_policy, PREFETCH_POLICIES)
+        extra = parse_extra_config(extra_json)
+        prefetch, backend_extra = PrefetchConfig.from_extra_config(prefetch_policy, extra)
+        return cls(name, extra_json, prefetch_policy, write_policy, extra, backend_extra, prefetch)
+
+
 class Engine:
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
@@ -192,7 +210,6 @@ class Engine:
         self._commands: collections.deque = collections.deque()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self.draining = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.storage_status_reason: str | None = None
@@ -216,27 +233,40 @@ class Engine:
             self.tp.stop()
 
     def _attach_at_boot(self) -> None:
+        """The command line's L3 backend, attached as ``PUT /hicache/storage-backend`` attaches one.
+        A bad configuration fails the boot with its message; an L3 that cannot be reached leaves
+        the server on L1+L2, saying why (``storage_status_reason``)."""
         a = self.args
-        extra = parse_extra_config(a.hicache_storage_backend_extra_config)
-        prefetch, backend_extra = PrefetchConfig.from_extra_config(a.hicache_storage_prefetch_policy, extra)
+        want = StorageAttach.parse(a.hicache_storage_backend, a.hicache_storage_backend_extra_config,
+                                   a.hicache_storage_prefetch_policy, a.hicache_write_policy)
         try:
-            backend = self.create_storage(a.hicache_storage_backend, backend_extra)
-        except ValueError:  # bad configuration: fail the boot with the message
+            backend = self.open_storage(want)
+        except ValueError:
             raise
-        except Exception as exc:  # L3 down at boot: serve from L1+L2 and say why
+        except Exception as exc:
             self.storage_status_reason = f"{type(exc).__name__}: {exc}"
             log.error("L3 backend %s unavailable at boot, running with L1+L2 only: %s",
                       a.hicache_storage_backend, self.storage_status_reason)
             return
-        self.cache.attach_storage(a.hicache_storage_backend, backend, prefetch, extra)
+        self.install_storage(want, backend)
 
-    def create_storage(self, name: str, backend_extra: dict) -> RankedStorage:
+    def install_storage(self, want: StorageAttach, backend: RankedStorage) -> None:
+        """Attach an opened backend (on the engine thread, or before the engine starts) and keep
+        the configuration it runs, which ``GET /hicache/storage-backend`` reports."""
+        self.cache.attach_storage(want.name, backend, want.prefetch, want.extra)
+        self.cache.write_policy = want.write_policy
+        self.storage_status_reason = None
+        a = self.args
+        a.hicache_storage_backend, a.hicache_storage_backend_extra_config = want.name, want.extra_json
+        a.hicache_storage_prefetch_policy, a.hicache_write_policy = want.prefetch_policy, want.write_policy
+
+    def open_storage(self, want: StorageAttach) -> RankedStorage:
         """Every TP rank's L3 backend (its own keys), or one for MLA, whose latent every rank shares."""
         ranks = 1 if self.model_cfg.is_mla else self.args.tp_size
         backends = []
         try:
             for r in range(ranks):
-                backends.append(create_storage_backend(name, self.storage_config(backend_extra, r)))
+                backends.append(create_storage_backend(want.name, self.storage_config(want.backend_extra, r)))
         except BaseException:
             for b in backends:
                 b.close()
@@ -268,9 +298,7 @@ class Engine:
             raise ValueError(f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
                              f"exceeds the KV pool (--max-total-tokens {self.device_pool.size})")
 
-    def submit(self, req: Request, bypass_drain: bool = False) -> None:
-        if self.draining and not bypass_drain:
-            raise Draining("server is draining")
+    def submit(self, req: Request) -> None:
         self.validate(req.input_ids, req.params)
         self._inbox.append(req)
         self._wake.set()

@@ -19,15 +19,14 @@ from starlette.requests import ClientDisconnect
 
 import kernels
 from cache_runtime import __version__
-from cache_runtime.args import ServerArgs, parse_extra_config
+from cache_runtime.args import ServerArgs
 from cache_runtime.auth import Level, check
 from cache_runtime.metrics import Metrics
-from cache_runtime.policies import PREFETCH_POLICIES, WRITE_POLICIES, PrefetchConfig, check_policy
 from cache_runtime.models import BUILTIN_CONFIGS
-from cache_runtime.protocol import (AttachIn, BadRequest, ChatCompletionIn, CompletionIn, DrainIn, GenerateIn,
+from cache_runtime.protocol import (AttachIn, BadRequest, ChatCompletionIn, CompletionIn, GenerateIn,
                                     parse_json, validate)
 from cache_runtime.sampling import SamplingParams
-from cache_runtime.scheduler import Draining, Engine, Output
+from cache_runtime.scheduler import Engine, Output, StorageAttach
 from cache_runtime.scheduler import Request as EngineRequest
 from cache_runtime.tokenization import ChatTemplateError, Tokenizer
 
@@ -140,14 +139,13 @@ class Server:
         return validate(model, parse_json(await self._body(request)))
 
     def _submit(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
-                bypass_drain: bool = False, cache_keys: tuple[str | None, str | None] = (None, None)
-                ) -> tuple[EngineRequest, asyncio.Queue]:
+                cache_keys: tuple[str | None, str | None] = (None, None)) -> tuple[EngineRequest, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         extra_key, cache_salt = cache_keys
         req = EngineRequest(input_ids, params, lambda out: loop.call_soon_threadsafe(q.put_nowait, out), rid,
                             extra_key=extra_key, cache_salt=cache_salt)
-        self.engine.submit(req, bypass_drain)
+        self.engine.submit(req)
         return req, q
 
     async def _collect(self, req: EngineRequest, q: asyncio.Queue) -> Output:
@@ -182,10 +180,6 @@ class Server:
         async def _bad(_r, exc):
             return error(400, str(exc))
 
-        @app.exception_handler(Draining)
-        async def _draining(_r, _exc):
-            return error(503, "server is draining; retry on another replica", "ServiceUnavailable")
-
         @app.exception_handler(_TooLarge)
         async def _large(_r, _exc):
             return error(413, f"request body exceeds {self.args.max_request_bytes} bytes", "RequestTooLarge")
@@ -211,8 +205,6 @@ class Server:
         self._routes_inference(app)
         self._routes_info(app)
         self._routes_admin(app)
-        if self.args.compat_mode == "bundled":
-            self._routes_bundled(app)
         return app
 
     # ------------------------------------------------------------------ inference
@@ -427,7 +419,7 @@ class Server:
             tokenizer = self.engine.tokenizer
             ids = tokenizer.encode("hi") or [tokenizer.bos_token_id or 0]
             try:
-                req, q = self._submit(ids, SamplingParams(max_new_tokens=1), bypass_drain=True)
+                req, q = self._submit(ids, SamplingParams(max_new_tokens=1))
                 out = await asyncio.wait_for(self._collect(req, q), timeout=20)
             except (asyncio.TimeoutError, ValueError) as exc:
                 return error(503, f"generation health check failed: {exc!r}", "ServiceUnavailable")
@@ -587,14 +579,11 @@ class Server:
                 f"#running-req={self.engine.num_running}")
 
     async def _attach(self, body: AttachIn):
-        name = body.hicache_storage_backend
-        write_policy = body.hicache_write_policy or self.engine.cache.write_policy
-        check_policy("hicache_write_policy", write_policy, WRITE_POLICIES)
-        prefetch_policy = body.hicache_storage_prefetch_policy or self.args.hicache_storage_prefetch_policy
-        check_policy("hicache_storage_prefetch_policy", prefetch_policy, PREFETCH_POLICIES)
-        extra = parse_extra_config(body.hicache_storage_backend_extra_config_json)
-        prefetch, backend_extra = PrefetchConfig.from_extra_config(prefetch_policy, extra)
         engine = self.engine
+        want = StorageAttach.parse(body.hicache_storage_backend, body.hicache_storage_backend_extra_config_json,
+                                   body.hicache_storage_prefetch_policy or self.args.hicache_storage_prefetch_policy,
+                                   body.hicache_write_policy or engine.cache.write_policy)
+        name = want.name
 
         def precheck():
             if engine.cache.host is None:
@@ -605,10 +594,10 @@ class Server:
             if current is not None and current != name:
                 return f"HiCache storage backend '{current}' is attached. Cannot attach different backend '{name}'. Detach first."
             if current == name:  # same backend: only the policies change
-                engine.cache.write_policy = write_policy
-                engine.cache.prefetch = prefetch
-                self.args.hicache_write_policy = write_policy
-                self.args.hicache_storage_prefetch_policy = prefetch_policy
+                engine.cache.write_policy = want.write_policy
+                engine.cache.prefetch = want.prefetch
+                self.args.hicache_write_policy = want.write_policy
+                self.args.hicache_storage_prefetch_policy = want.prefetch_policy
                 return "same"
             return None
 
@@ -618,7 +607,7 @@ class Server:
         if verdict:
             return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{verdict}\n", status_code=400)
         try:
-            backend = await asyncio.to_thread(engine.create_storage, name, backend_extra)
+            backend = await asyncio.to_thread(engine.open_storage, want)
         except Exception as exc:
             return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{type(exc).__name__}: {exc}\n",
                                      status_code=400)
@@ -626,13 +615,7 @@ class Server:
         def install():
             if engine.cache.storage is not None:  # another attach won the race
                 return f"HiCache storage backend '{engine.cache.storage_backend_name}' is attached. Detach first."
-            engine.cache.attach_storage(name, backend, prefetch, extra)
-            engine.cache.write_policy = write_policy
-            engine.storage_status_reason = None
-            self.args.hicache_storage_backend = name
-            self.args.hicache_storage_backend_extra_config = body.hicache_storage_backend_extra_config_json
-            self.args.hicache_storage_prefetch_policy = prefetch_policy
-            self.args.hicache_write_policy = write_policy
+            engine.install_storage(want, backend)
             return None
 
         refused = await asyncio.wrap_future(engine.call(install))
@@ -640,27 +623,6 @@ class Server:
             await asyncio.to_thread(backend.close)
             return PlainTextResponse(f"Failed to attach HiCache storage backend.\n{refused}\n", status_code=400)
         return PlainTextResponse("HiCache storage backend attached.\n")
-
-    # ------------------------------------------------------------------ bundled extensions
-    def _routes_bundled(self, app: FastAPI) -> None:
-        @app.get("/load")
-        async def load():
-            e = self.engine
-            return {"in_flight": e.num_running, "queued": e.num_queued, "draining": e.draining}
-
-        @app.get("/ready")
-        async def ready():
-            if self.engine.draining:
-                return error(503, "draining", "ServiceUnavailable")
-            return {"status": "ready"}
-
-        @app.post("/admin/drain")
-        async def drain(request: Request):
-            if (denied := self._auth(request, Level.ADMIN_OPTIONAL)) is not None:
-                return denied
-            body: DrainIn = await self._parse(request, DrainIn)
-            self.engine.draining = body.drain
-            return {"draining": self.engine.draining}
 
 
 class _TooLarge(Exception):

@@ -8,6 +8,7 @@ failure marks the worker degraded: the engine then runs on L1+L2 until a probe s
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
@@ -23,6 +24,43 @@ log = logging.getLogger(__name__)
 STORAGE_BATCH_SIZE = 128  # pages per backend call, as SGLang
 PROBE_INTERVAL_S = 15.0  # how often a degraded backend is probed for recovery
 _PROBE_KEY = "0" * 64
+
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Latency:
+    """A latency histogram the I/O threads write and a metrics scrape reads (no prometheus objects here)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self._sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        with self._lock:
+            self._counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+            self._sum += seconds
+
+    def snapshot(self) -> tuple[list[tuple[str, int]], float]:
+        """Cumulative (upper bound, count) pairs ending with +Inf, and the sum."""
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        out, seen = [], 0
+        for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), counts):
+            seen += n
+            out.append((bound, seen))
+        return out, total
+
+
+class StorageIoStats:
+    """L2<->L3 traffic since start: prefetch and backup latency, bytes read and written (all ranks)."""
+
+    def __init__(self) -> None:
+        self.prefetch = Latency()  # a prefetch that fetched pages: from its issue to the last page in L2
+        self.backup = Latency()  # a backup that wrote pages: from its issue to the last page in L3
+        self.read_bytes = 0  # written by the prefetch thread only
+        self.written_bytes = 0  # written by the backup thread only
 
 
 class RankedStorage:
@@ -83,12 +121,14 @@ class BackupStorageOp:
         self.written_pages = 0
         self.finished = False
         self.sync_point = 0
+        self.start = time.monotonic()
 
 
 class StorageWorker:
     def __init__(self, ranks: RankedStorage, wake: Callable[[], None], prefetch_threshold_tokens: int,
-                 wait_for: Callable[[int], None] | None = None) -> None:
+                 wait_for: Callable[[int], None] | None = None, stats: StorageIoStats | None = None) -> None:
         self.ranks = ranks
+        self.stats = stats if stats is not None else StorageIoStats()
         self.host = ranks.hosts[0]
         self._wait_for = wait_for
         self._wake = wake
@@ -146,6 +186,8 @@ class StorageWorker:
             try:
                 if not op.terminated and self.degraded is None and not self._stopping.is_set():
                     self._prefetch(op)
+                    if op.completed_pages:
+                        self.stats.prefetch.observe(time.monotonic() - op.start)
             except Exception as exc:
                 self._mark_degraded(exc)
             finally:
@@ -183,6 +225,7 @@ class StorageWorker:
                     for r, host in enumerate(hosts):
                         host.set_page(slot, pages[0 if self.ranks.shared else r])
                     op.completed_pages += 1
+                self.stats.read_bytes += self.host.page_bytes * len(hosts)
 
     def _backup_loop(self) -> None:
         torch.set_num_threads(1)  # page copies are memory-bound; the cores belong to the engine thread
@@ -198,6 +241,8 @@ class StorageWorker:
             try:
                 if not op.cancelled and self.degraded is None and not self._stopping.is_set():
                     self._backup(op)
+                    if op.written_pages:
+                        self.stats.backup.observe(time.monotonic() - op.start)
             except Exception as exc:
                 self._mark_degraded(exc)
             finally:
@@ -233,5 +278,6 @@ class StorageWorker:
                 if not backend.batch_set(keys[skip:], values):
                     log.warning("L3 backend refused %d pages (batch_set returned False)", len(values))
                     return
+                self.stats.written_bytes += host.page_bytes * len(values)
                 if r == 0:  # counted once, as SGLang counts one rank's backups
                     op.written_pages += len(values)

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 
@@ -92,6 +93,8 @@ class Leader:
                     "host_file": self.host_files[r - 1] if host_tokens else None, "done_file": done_file}
             self.procs.append(subprocess.Popen([sys.executable, "-m", "cache_runtime.tp", json.dumps(spec)],
                                                stdin=subprocess.DEVNULL))
+        self._stopping = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name="tp-followers").start()
         _init(0, self.world, port, device)
 
     def shard(self) -> Shard:
@@ -116,9 +119,15 @@ class Leader:
 
     def check_alive(self) -> None:
         dead = [f"rank {r} (exit {p.returncode})" for r, p in enumerate(self.procs, 1) if p.poll() is not None]
-        if dead:
+        if dead and not self._stopping.is_set():
             log.critical("tensor-parallel follower %s exited; stopping the server", ", ".join(dead))
             os._exit(3)
+
+    def _watch(self) -> None:
+        """The ranks fail as one unit at any time, also while rank 0 is blocked in a collective
+        with the dead rank (loading, a forward), which would otherwise wait out its timeout."""
+        while not self._stopping.wait(0.5):
+            self.check_alive()
 
     # ---- any thread ----------------------------------------------------------------------------
     def wait_for(self, seq: int) -> None:
@@ -132,6 +141,7 @@ class Leader:
             delay = min(delay * 2, 0.01)
 
     def stop(self) -> None:
+        self._stopping.set()
         try:
             if all(p.poll() is None for p in self.procs):
                 self.pending.append(("stop",))

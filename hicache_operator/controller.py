@@ -13,6 +13,8 @@ deployment's key at a time (``workqueue``):
   and for a fleet with a router (whose workers follow the pods in serving).
 - Router pod events queue a status refresh (the ROUTER column, RouterReady).
 - Node changes that matter for sizing queue every deployment, which reports "no longer fits".
+- Events of a managed Mooncake master's Deployment queue its owner (its readiness is in the
+  status, and a new fleet's StatefulSet waits for it).
 - Loops: a resync of every deployment (applies children, steps swaps, repairs drift nobody
   reported), a swap poll of deployments with a swap in flight that no step has visited within
   ``SWAP_POLL`` (a drain finishes without any Kubernetes event), and the endpoint-lag check.
@@ -89,14 +91,15 @@ class Controller:
                 self._kube = Kube(memo_seconds=INTERVAL, parallel_calls=2 * WORKERS)
             return self._kube
 
-    def start(self, pods: Any, routers: Any, slices: Any) -> None:
+    def start(self, pods: Any, routers: Any, slices: Any, masters: Any) -> None:
         """Start the threads on the first handler call: by then kopf has filled its indexes, and
         the context holds kopf's Event poster, so ``kopf.event`` works from the worker threads."""
         with self._start_guard:
             if self._started:
                 return
             self._started = True
-            self.informers.pods, self.informers.routers, self.informers.slices = pods, routers, slices
+            self.informers.pods, self.informers.routers = pods, routers
+            self.informers.slices, self.informers.masters = slices, masters
             loops = [self._worker] * WORKERS + [self._resync_loop, self._swap_poll_loop, self._endpoint_lag_loop]
             for i, target in enumerate(loops):
                 threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True,
@@ -131,6 +134,7 @@ class Controller:
             self.known.pop(key, None)
             self.failing.pop(key, None)
         self.informers.forget(key)
+        metrics.forget(*key)
         self.swapper.forget(key)
         self.swapping.discard(key)
         self.queue.forget(key)
@@ -176,6 +180,10 @@ class Controller:
     def router_event(self, key: Key) -> None:
         """A router pod changed: the status shows its readiness."""
         self.enqueue(key, Request("router"))
+
+    def master_event(self, key: Key) -> None:
+        """A managed Mooncake master's Deployment changed (created, became ready or not)."""
+        self.enqueue(key, Request("master", apply=True))
 
     def nodes_changed(self) -> None:
         """A node changed in a way sizing sees: re-check every deployment ("no longer fits")."""
@@ -289,8 +297,9 @@ class Controller:
             try:
                 result = reconcile(self.kube, raw, self.informers.nodes.nodes(), apply=request.apply, now=now(),
                                    process_backed=process_backed(), post_findings=post_findings,
-                                   cached_pods=self.informers.cached_pods(key), alongside=swap_step,
-                                   defer_workload=True, router_pods=self.informers.router_pods(key))
+                                   cached_pods=self.informers.cached_pods(key), master=self.informers.master(key),
+                                   alongside=swap_step, defer_workload=True,
+                                   router_pods=self.informers.router_pods(key))
             except ChildRefused as refused:
                 failures.report_refused(self, key, raw, refused)
                 metrics.RECONCILES.labels(request.trigger, "invalid").inc()
@@ -362,6 +371,7 @@ class Controller:
                 step.renewing.add_done_callback(lambda done: done.exception() is None and done.result()
                                                 and self.enqueue(key, Request("swap", urgent=True)))
         self.track_swap(key, status)
+        metrics.record_swap_progress(*key, status.get("swapProgress"))
         if requeue is not None and requeue < SWAP_POLL:  # the swap poll covers the rest
             self.queue.add_after(key, Request("swap", urgent=True), requeue)
         return True

@@ -47,8 +47,9 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = (
     Flag("model", "--model-path", str, "builtin:tiny",
-         "Model served: a checkpoint directory in the pod (bundled and sglang), a Hugging Face id (sglang), "
-         "or builtin:tiny/builtin:small (bundled test models)."),
+         "Model served: a checkpoint directory in the pod (bundled and sglang), a Hugging Face id (sglang "
+         "downloads it itself), or builtin:tiny/builtin:small (bundled test models). With modelSource: the "
+         "model's name (its Hugging Face id), served as --served-model-name; the source gives --model-path."),
     Flag("parallelism.tp", "--tp-size", int, 1, "Tensor-parallel ranks inside each pod (one GPU each)."),
     Flag("parallelism.dp", "--attn-dp-size", int, 1,
          "Attention data-parallel groups inside the TP group (must divide tp; uses no extra GPUs). Not SGLang's "
@@ -155,14 +156,16 @@ def lookup(obj: dict, dotted: str) -> Any:
 
 
 def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_storage: bool = True,
-                api_key: bool = False, legacy_dp_attention: bool = False) -> list[str]:
+                api_key: bool = False, legacy_dp_attention: bool = False,
+                model_path: str | None = None, served_name: str | None = None) -> list[str]:
     """Command-line arguments for one engine from an effective spec (a by-alias dict).
 
     ``host_pool`` is the already-decided pool flag: ("ratio", 2.0) or ("sizeGBPerRank", 37);
     sizing from node memory resolves to the latter before rendering. With ``include_storage``
     False the L3 settings are left out, which is how the restart hash ignores them.
     ``api_key``: clients authenticate with the key in $HICACHE_API_KEY. ``legacy_dp_attention``:
-    the SGLang release spells attention DP ``--enable-dp-attention --dp-size N``.
+    the SGLang release spells attention DP ``--enable-dp-attention --dp-size N``. ``model_path``
+    and ``served_name``: where a modelSource puts the checkpoint, and the name it is served as.
     """
     args: list[str] = [HOST_FLAG, "$(POD_IP)", PORT_FLAG, str(RUNTIME_PORT)]
     args += FIXED_ARGS[engine]
@@ -181,13 +184,16 @@ def render_args(spec: dict, engine: str, *, host_pool: tuple[str, Any], include_
             # the JSON itself (a path would never compare equal to a swap target); the bundled
             # runtime resolves the mounted ConfigMap and reports the parsed config.
             if engine == "sglang":
-                args += [f.cli, _escape(json.dumps(lookup(spec, f.key) or {}, sort_keys=True, separators=(",", ":")))]
+                args += [f.cli, escape(json.dumps(lookup(spec, f.key) or {}, sort_keys=True, separators=(",", ":")))]
             else:
                 args += [f.cli, f"@{STORAGE_CONFIG_DIR}/{STORAGE_CONFIG_FILE}"]
             continue
         value = lookup(spec, f.key)
         if value is None:
             value = f.default
+        if f.key == "model" and model_path is not None:
+            args += [f.cli, escape(model_path)] + (["--served-model-name", escape(served_name)] if served_name else [])
+            continue
         if f.key == "parallelism.dp":
             if value > 1:
                 args += [LEGACY_DP_FLAGS[0], LEGACY_DP_FLAGS[1], str(value)] if legacy_dp_attention else [f.cli, str(value)]
@@ -215,10 +221,10 @@ def command(engine: str) -> list[str]:
 def _fmt(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return f"{value:.1f}"
-    return _escape(str(value))
+    return escape(str(value))
 
 
-def _escape(value: str) -> str:
+def escape(value: str) -> str:
     """Kubernetes expands `$(VAR)` in args from the container env; a user's value must never
     reach one (e.g. `$(HICACHE_ADMIN_API_KEY)` in a model name), so `$(` becomes `$$(`."""
     return value.replace("$(", "$$(")

@@ -4,8 +4,9 @@ Every handler only hands its event to the one ``Controller`` (``controller.py``)
 work for its worker threads; nothing here reconciles. HiCacheDeployments get event handlers
 only (no change handlers, timers or daemons), so kopf writes no finalizer and no annotations
 on them and keeps no diff base (``NoDiffBase``); deletion is left to the garbage collector
-through owner references. Fleet pods, router pods and the serving Services' EndpointSlices are
-indexed (the controller's informers read kopf's indexes) and their events forwarded.
+through owner references. Fleet pods, router pods, the serving Services' EndpointSlices and the
+managed Mooncake masters' Deployments are indexed (the controller's informers read kopf's
+indexes) and their events forwarded.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import kopf
 
 from hicache_operator import labels, render
 from hicache_operator.controller import Controller
-from hicache_operator.informers import NodeCache, pod_essence, pod_identity, slice_readiness
+from hicache_operator.informers import NodeCache, master_essence, pod_essence, pod_identity, slice_readiness
 from hicache_operator.spec import GROUP, PLURAL, VERSION
 
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
@@ -54,6 +55,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.label_selectors["pods"] = ours
     settings.watching.label_selectors[("discovery.k8s.io", "endpointslices")] = \
         f"{ours},{labels.COMPONENT}={render.SERVING_SERVICE_COMPONENT}"
+    # the managed Mooncake masters' Deployments (the router's is followed through its pods)
+    settings.watching.label_selectors[("apps", "deployments")] = f"{ours},{labels.COMPONENT}={render.MASTER_COMPONENT}"
     settings.posting.level = logging.WARNING  # kopf's own chatter stays in the log; our Events are explicit
     settings.posting.reporting_component = labels.MANAGER
     settings.posting.event_name_prefix = "hicache-"
@@ -75,8 +78,9 @@ def shutdown(**_: Any) -> None:
 
 @kopf.on.event(**RESOURCE)
 async def on_deployment(event: dict, body: kopf.Body, namespace: str, name: str, pod_index: kopf.Index,
-                        router_index: kopf.Index, slice_index: kopf.Index, **_: Any) -> None:
-    controller.start(pod_index, router_index, slice_index)
+                        router_index: kopf.Index, slice_index: kopf.Index, master_index: kopf.Index,
+                        **_: Any) -> None:
+    controller.start(pod_index, router_index, slice_index, master_index)
     if event.get("type") == "DELETED":
         controller.deployment_deleted((namespace, name), body)
     elif not body.get("metadata", {}).get("deletionTimestamp"):
@@ -108,8 +112,8 @@ async def slice_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
 
 @kopf.on.event("", "v1", "pods", **OURS)
 async def on_pod(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index, router_index: kopf.Index,
-                 slice_index: kopf.Index, **_: Any) -> None:
-    controller.start(pod_index, router_index, slice_index)
+                 slice_index: kopf.Index, master_index: kopf.Index, **_: Any) -> None:
+    controller.start(pod_index, router_index, slice_index, master_index)
     owner = _owner(body)
     if owner:
         controller.pod_event((namespace, owner), body["metadata"]["name"],
@@ -120,9 +124,25 @@ async def on_pod(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.I
 
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", **OURS)
 async def on_endpointslice(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index,
-                           router_index: kopf.Index, slice_index: kopf.Index, **_: Any) -> None:
-    controller.start(pod_index, router_index, slice_index)
+                           router_index: kopf.Index, slice_index: kopf.Index, master_index: kopf.Index,
+                           **_: Any) -> None:
+    controller.start(pod_index, router_index, slice_index, master_index)
     owner = _owner(body)
     if owner:
         controller.slice_event((namespace, owner), (body.get("metadata") or {}).get("name", ""),
                                None if event.get("type") == "DELETED" else slice_readiness(body))
+
+
+@kopf.index("apps", "v1", "deployments", **OURS)
+async def master_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
+    owner = _owner(body)
+    return {(namespace, owner): master_essence(body)} if owner else {}
+
+
+@kopf.on.event("apps", "v1", "deployments", **OURS)
+async def on_master(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index, router_index: kopf.Index,
+                    slice_index: kopf.Index, master_index: kopf.Index, **_: Any) -> None:
+    controller.start(pod_index, router_index, slice_index, master_index)
+    owner = _owner(body)
+    if owner:
+        controller.master_event((namespace, owner))

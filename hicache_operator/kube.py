@@ -89,6 +89,7 @@ class Kube:
         self._secrets_seen: dict[tuple[str, str], float] = {}
         self._template_hashes: dict[tuple[str, str], str | None] = {}
         self._secret_keys: dict[tuple[str, str, str], tuple[float, str | None]] = {}
+        self._claims: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
         self.policy = client.PolicyV1Api(self.api)
@@ -203,6 +204,25 @@ class Kube:
         value = base64.b64decode(data[field]).decode() if data.get(field) else None
         self._secret_keys[(namespace, secret, field)] = (time.monotonic(), value)
         return value
+
+    def claim_access_modes(self, namespace: str, name: str) -> list[str] | None:
+        """A PersistentVolumeClaim's access modes (its volume's once bound; None: no such claim),
+        remembered for ``memo_seconds``: every pod event of a fleet would read it again."""
+        memo = self._claims.get((namespace, name))
+        if memo is not None and time.monotonic() - memo[0] < self.memo_seconds:
+            return memo[1]
+        try:
+            with API_SECONDS.labels("get", "PersistentVolumeClaim").time():
+                claim = plain_json(self.core.read_namespaced_persistent_volume_claim, name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            modes = None
+        else:
+            modes = list((claim.get("status") or {}).get("accessModes") or
+                         (claim.get("spec") or {}).get("accessModes") or [])
+        self._claims[(namespace, name)] = (time.monotonic(), modes)
+        return modes
 
     def _seen_recently(self, key: tuple[str, str]) -> bool:
         seen = self._secrets_seen.get(key)

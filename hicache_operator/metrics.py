@@ -33,3 +33,23 @@ API_POOL_WAIT_SECONDS = Histogram("hicache_operator_api_pool_wait_seconds",
 ENDPOINT_RESYNCS = Counter("hicache_operator_endpoint_resyncs_total",
                            "Client Services touched because their EndpointSlice sat on a pod's readiness flip "
                            "during a swap (the EndpointSlice controller's backoff after a stale-cache refusal).")
+SWAP_PROGRESS = Gauge("hicache_operator_swap_progress_ratio",
+                      "Running pods on the target storage config / spec.replicas (status.swapProgress), per "
+                      "HiCacheDeployment; 1 when no swap is under way.", ["hicache_namespace", "hicache_deployment"])
+
+
+def record_swap_progress(namespace: str, name: str, progress: str | None) -> None:
+    """``status.swapProgress`` ("on target/replicas") as the gauge; unset while it is unknown."""
+    done, _, total = (progress or "").partition("/")
+    if done.isdigit() and total.isdigit():
+        SWAP_PROGRESS.labels(namespace, name).set(int(done) / int(total) if int(total) else 1.0)
+    else:
+        forget(namespace, name)
+
+
+def forget(namespace: str, name: str) -> None:
+    """The deployment is gone: drop its series."""
+    try:
+        SWAP_PROGRESS.remove(namespace, name)
+    except KeyError:
+        pass

@@ -41,13 +41,15 @@ def unavailable_reason(pod: dict) -> str | None:
     scheduled, was ready and failed, or is held out of serving is a problem."""
     status = pod.get("status") or {}
     containers = status.get("containerStatuses") or []
-    for cs in containers:
-        waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
-        if waiting and waiting not in STILL_CREATING:
-            # ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff (with the last line
-            # the crashed container wrote: the runtime's one-line reason for a bad checkpoint)
-            why = _last_line(((cs.get("lastState") or {}).get("terminated") or {}).get("message"))
-            return f"{waiting}: {why}" if why else waiting
+    for prefix, statuses in (("Init:", status.get("initContainerStatuses") or []), ("", containers)):
+        for cs in statuses:
+            waiting = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+            if waiting and waiting not in STILL_CREATING:
+                # ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff (with the last line
+                # the crashed container wrote: the runtime's one-line reason for a bad checkpoint,
+                # the model download's for a repo it cannot fetch)
+                why = _last_line(((cs.get("lastState") or {}).get("terminated") or {}).get("message"))
+                return f"{prefix}{waiting}: {why}" if why else f"{prefix}{waiting}"
     restarts = sum(cs.get("restartCount") or 0 for cs in containers)
     if restarts:  # back from a crash, or ready since and failing now
         if any(cs.get("started") is False for cs in containers) or _unready_since_start(pod, containers):
@@ -84,6 +86,12 @@ def _unready_since_start(pod: dict, containers: list[dict]) -> bool:
 
 def _when(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def init_running(pod: dict, container: str) -> bool:
+    """The pod's init container ``container`` runs now (e.g. the model download)."""
+    return any(cs.get("name") == container and (cs.get("state") or {}).get("running") is not None
+               for cs in (pod.get("status") or {}).get("initContainerStatuses") or [])
 
 
 def pod_is_terminating(pod: dict) -> bool:

@@ -2,8 +2,9 @@
 
 ``plan`` is pure (body + nodes -> validation outcome, rendered children, desired state);
 ``reconcile`` does the I/O through ``kube.Kube``: apply children, create the admin Secret once,
-delete pods whose template is stale (within maxUnavailable), and compute the status. Handlers
-call it; tests can call it directly against a real API server.
+delete pods whose template is stale (within maxUnavailable), delete a managed Mooncake master the
+spec no longer asks for, and compute the status. Handlers call it; tests can call it directly
+against a real API server.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hicache_operator import labels, render, sizing
+from hicache_operator import labels, model_progress, model_source, render, sizing
 from hicache_operator.kube import Kube
 from hicache_operator.pods import pod_is_terminating, restart_hash_of
 from hicache_operator.rules import rule
-from hicache_operator.status import Desired, EffectiveConfig, RuleNote, build_status
+from hicache_operator.status import Desired, EffectiveConfig, MooncakeMasterStatus, RuleNote, build_status
 from hicache_operator.validation import Finding, Outcome, validate
 
 
@@ -51,7 +52,8 @@ def plan(body: dict[str, Any], nodes: list[dict] | None, *, process_backed: bool
     # the local test cluster's harness marks a fleet whose pods it runs as processes (never a spec field)
     process_backed = process_backed or (meta.get("annotations") or {}).get(labels.PROCESS_BACKED) == "true"
     previous = body.get("status") or {}
-    outcome = validate(body.get("spec") or {}, name=owner.name, nodes=nodes, pinned_sizing=previous.get("sizing"))
+    outcome = validate(body.get("spec") or {}, name=owner.name, namespace=owner.namespace, nodes=nodes,
+                       pinned_sizing=previous.get("sizing"))
     if not outcome.ok:
         return Plan(outcome, owner)
     spec, sized = outcome.spec, outcome.sizing
@@ -83,18 +85,33 @@ def finding_events(outcome: Outcome) -> list[tuple[str, str, str]]:
             for f in outcome.findings if f.severity in ("error", "normalised", "warning")]
 
 
+def master_view(spec: Any, name: str, observed: dict[str, Any] | None) -> MooncakeMasterStatus | None:
+    """The managed master as status shows it: wanted by the spec, ready as its Deployment says
+    (``informers.master_essence``; None: not created yet). None without a managed master."""
+    managed = render.managed_master(spec)
+    if managed is None:
+        return None
+    ready = int((observed or {}).get("readyReplicas") or 0)
+    return MooncakeMasterStatus(deployment=render.names(name)["mooncakeMaster"],
+                                address=spec.hicache.storage.mooncake.master_address,
+                                replicas=managed.ha.replicas if managed.ha is not None else 1,
+                                ready_replicas=ready, ready=ready > 0)
+
+
 FIRST = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding")  # what pods read or need at start
 WORKLOADS = ("Deployment", "StatefulSet")  # what starts pods
 
 
-def start_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> tuple[list[str], Callable[[], None]]:
+def start_children(kube: Kube, p: Plan, new_key: Callable[[], str], *,
+                   hold_workload: bool = False) -> tuple[list[str], Callable[[], None]]:
     """Apply what the pods read or need at start (the ConfigMap, the key Secrets, the router's
     ServiceAccount and RBAC: a router that starts without them waits a minute before it looks
     again) while the Services and the PodDisruptionBudget are started beside them, then start
-    the router's Deployment; returns (the Secrets this call generated, ``finish``). ``finish()``
-    applies the StatefulSet and then waits for the rest. Why not all at once: a ClusterIP
-    Service's create allocates an IP, which on a busy API server took ~10x any other apply;
-    nothing waits for it now but the end of the reconcile."""
+    the Deployments (the router, a managed Mooncake master); returns (the Secrets this call
+    generated, ``finish``). ``finish()`` applies the StatefulSet (after what its pods read, so
+    they never start without it; not at all with ``hold_workload``) and then waits for the rest.
+    Why not all at once: a ClusterIP Service's create allocates an IP, which on a busy API
+    server took ~10x any other apply; nothing waits for it now but the end of the reconcile."""
     *others, sts = p.children
     assert sts["kind"] == "StatefulSet", "render.children puts the workload last"
     first = [lambda child=child: kube.apply(child) for child in others if child["kind"] in FIRST]
@@ -107,7 +124,8 @@ def start_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> tuple[lis
 
     def finish() -> None:
         try:
-            kube.apply(sts)
+            if not hold_workload:
+                kube.apply(sts)
         finally:
             wait(beside)  # never leave an apply of this reconcile in flight after it
         for f in beside:
@@ -121,16 +139,16 @@ def start_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> tuple[lis
     return created, finish
 
 
-def apply_children(kube: Kube, p: Plan, new_key: Callable[[], str]) -> list[str]:
+def apply_children(kube: Kube, p: Plan, new_key: Callable[[], str], *, hold_workload: bool = False) -> list[str]:
     """Apply every child (see ``start_children``); returns the Secrets this call generated."""
-    created, finish = start_children(kube, p, new_key)
+    created, finish = start_children(kube, p, new_key, hold_workload=hold_workload)
     finish()
     return created
 
 
 def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, apply: bool, now: str,
               process_backed: bool = False, post_findings: bool = False, cached_pods: list[dict] | None = None,
-              new_key: Callable[[], str] = lambda: secrets.token_urlsafe(32),
+              new_key: Callable[[], str] = lambda: secrets.token_urlsafe(32), master: dict[str, Any] | None = None,
               alongside: Callable[[Plan, list[dict], str | None], Any] | None = None,
               defer_workload: bool = False, router_pods: list[dict] | None = None) -> Result:
     """Bring the children in line with the spec (``apply``) and compute the status.
@@ -147,7 +165,10 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     and the wait for the Services and the PDB, to the caller as ``Result.workload``, so they go
     on while the status is written. ``router_pods``: the router's pods as the operator's watch
     last saw them (for the status; with the router turned off, that some remain means its
-    children are to be removed).
+    children are to be removed). ``master``: the managed Mooncake master's Deployment as the
+    watch saw it (``informers.master_essence``), None when there is none. A new fleet's
+    StatefulSet waits until that master is ready (pods that started first would run without L3
+    until restarted); one the spec no longer asks for is deleted.
     """
     meta = body["metadata"]
     name, ns, generation = meta["name"], meta.get("namespace", "default"), int(meta.get("generation") or 0)
@@ -163,6 +184,11 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     spec = p.outcome.spec
     assert spec is not None
     degraded: list[tuple[str, str]] = []
+    master_status = master_view(spec, name, master)
+    hold = apply and master_status is not None and not master_status.ready and kube.template_hash(ns, name) is None
+    if apply and master is not None and master_status is None:
+        n = render.names(name)["mooncakeMaster"]
+        kube.concurrently(lambda: kube.delete("Deployment", ns, n), lambda: kube.delete("Service", ns, n))
 
     no_restarts = all(restart_hash_of(pod) == p.desired.restart_hash for pod in pods)
     later = apply and defer_workload and no_restarts
@@ -173,8 +199,8 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
         if not apply:
             return []
         if not later:
-            return apply_children(kube, p, new_key)
-        created, workload = start_children(kube, p, new_key)
+            return apply_children(kube, p, new_key, hold_workload=hold)
+        created, workload = start_children(kube, p, new_key, hold_workload=hold)
         return created
     if apply and alongside is not None and pods and no_restarts:
         early = kube.submit(lambda: alongside(p, pods, p.desired.restart_hash))
@@ -199,6 +225,12 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
             events.append(("Normal", f"{reason}KeyCreated", f"generated {what} in Secret {secret_name}"))
         elif (given or not apply) and not kube.secret_exists(ns, secret_name):
             degraded.append((f"{reason}SecretMissing", f"Secret {secret_name} with {what} does not exist"))
+    degraded += model_source.claim_problems(
+        spec, {c.name: kube.claim_access_modes(ns, c.name) for c in model_source.claims(spec)})
+    token = model_source.token_secret(spec)
+    if token is not None and not kube.secret_exists(ns, token):
+        degraded.append(("ModelTokenSecretMissing", f"Secret {token} (modelSource.huggingFace.tokenSecretRef) "
+                                                    "does not exist: the model download cannot start"))
 
     never_fitted = next((f for f in p.outcome.findings if f.rule == "no-eligible-nodes-yet"), None)
     if never_fitted is not None:
@@ -209,7 +241,8 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
             degraded.append(("SizingNoLongerFits", rule("sizing-no-longer-fits").message.format(why=why)))
 
     status = build_status(generation=generation, previous=previous, desired=p.desired, errors=[], pods=pods,
-                          degraded=degraded, now=now, router_pods=router_pods or [])
+                          degraded=degraded, now=now, downloads=model_progress.read(pods), master=master_status,
+                          router_pods=router_pods or [])
     if early is not None:
         beside = early.result()
     elif alongside is not None:

@@ -15,8 +15,11 @@ same inputs always give byte-identical objects (and hashes). Children:
   serving through the API server), its ServiceAccount, and a Role and RoleBinding that let it
   list and watch pods in the namespace, nothing else.
 - Headless Service ``<name>-pods`` (stable pod DNS, not-ready addresses published),
-  ConfigMap ``<name>-storage`` (extra config JSON), Secret ``<name>-admin`` (generated admin key;
+  ConfigMap ``<name>-storage`` (extra config JSON), ConfigMap ``<name>-model`` (the download
+  script, with modelSource.huggingFace), Secret ``<name>-admin`` (generated admin key;
   rendered only when it must be created), PodDisruptionBudget ``<name>``.
+- With ``hicache.storage.mooncake.managed``: Deployment and Service ``<name>-mooncake`` running
+  ``mooncake_master``; the pods' MOONCAKE_MASTER is that Service (or, with ``ha``, ``etcd://``).
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hicache_operator import engine, flags, labels, overlay
+from hicache_operator import engine, flags, labels, model_source, overlay
 from hicache_operator.rollout import gate
 from hicache_operator.rollout.storage_config import StorageConfig, storage_fingerprint
 from hicache_operator.sizing import SizingRecord, memory_quantity
-from hicache_operator.spec import (GROUP, KIND, RUNTIME_CONTAINER, VERSION, HiCacheDeploymentSpec,
+from hicache_operator.spec import (GROUP, KIND, RUNTIME_CONTAINER, VERSION, HiCacheDeploymentSpec, ManagedMaster,
                                    resolve_max_unavailable)
 
 ADMIN_SECRET_KEY = "admin-api-key"
@@ -44,6 +47,29 @@ CLIENT_ROUTER_COMPONENT = "client"  # the client Service's while it points at th
 ROUTER_CONTAINER = "router"
 ROUTER_METRICS_PORT = 29000
 OPERATOR_VOLUMES = {"storage-config": flags.STORAGE_CONFIG_DIR, "tmp": "/tmp", "dshm": "/dev/shm"}
+MASTER_CONTAINER = "master"
+MASTER_COMPONENT = "mooncake-master"  # the master's app.kubernetes.io/name and component labels
+MASTER_COMMAND = "mooncake_master"  # console script of the mooncake wheel (execs the bundled binary)
+
+
+def security_context(spec: HiCacheDeploymentSpec | None = None) -> dict[str, Any]:
+    """A container's: non-root with no capabilities (the model download's, and the engine's
+    without RDMA). The engine's with ``spec.rdma``: IPC_LOCK (in effect for a root process; a
+    non-root one relies on the memlock limit the node's container runtime sets), or with
+    ``rdma.privileged`` privileged and root, which registers memory whatever that limit."""
+    rdma = spec.rdma if spec is not None else None
+    if rdma is not None and rdma.privileged:
+        return {"privileged": True, "allowPrivilegeEscalation": True, "runAsNonRoot": False, "runAsUser": 0,
+                "runAsGroup": 0, "capabilities": {"add": ["IPC_LOCK"]}}
+    caps: dict[str, list[str]] = {"drop": ["ALL"]}
+    if rdma is not None:
+        caps["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "capabilities": caps, "runAsNonRoot": True, "privileged": False}
+
+
+def operator_volumes(spec: HiCacheDeploymentSpec) -> dict[str, str]:
+    """Every volume the operator gives this spec's pods (name -> mount path)."""
+    return {**OPERATOR_VOLUMES, **model_source.reserved_mounts(spec)}
 
 
 @dataclass(frozen=True)
@@ -60,13 +86,41 @@ class Owner:
 def names(name: str) -> dict[str, str]:
     return {"statefulset": name, "service": name, "headless": f"{name}-pods", "configmap": f"{name}-storage",
             "secret": f"{name}-admin", "apiSecret": f"{name}-api", "pdb": name, "router": f"{name}-router",
-            "serving": f"{name}-serving"}
+            "serving": f"{name}-serving", "mooncakeMaster": f"{name}-mooncake"}
 
 
 def serving_service_name(name: str, router_on: bool) -> str:
     """The Service that selects the pods in serving: the client Service itself, or ``<name>-serving``
     while the client Service points at the router."""
     return names(name)["serving" if router_on else "service"]
+
+
+
+def managed_master(spec: HiCacheDeploymentSpec) -> ManagedMaster | None:
+    mooncake = spec.hicache.storage.mooncake
+    return mooncake.managed if mooncake is not None else None
+
+
+def mooncake_master_address(managed: ManagedMaster, name: str, namespace: str) -> str:
+    """What the pods' MOONCAKE_MASTER names: the master's Service, or with HA the etcd cluster
+    through which clients find the elected leader."""
+    if managed.ha is not None:
+        return "etcd://" + ";".join(managed.ha.etcd_endpoints)
+    return f"{names(name)['mooncakeMaster']}.{namespace}.svc:{managed.rpc_port}"
+
+
+def mooncake_metadata_url(managed: ManagedMaster, name: str, namespace: str) -> str:
+    assert managed.http_metadata_server is not None
+    return f"http://{names(name)['mooncakeMaster']}.{namespace}.svc:{managed.http_metadata_server.port}/metadata"
+
+
+def mooncake_cluster_id(owner: "Owner") -> str:
+    """The HA masters' election scope in etcd (--cluster_id; clients: MC_STORE_CLUSTER_ID), one per fleet."""
+    return f"{owner.namespace}.{owner.name}"
+
+
+def master_labels(name: str) -> dict[str, str]:
+    return {labels.NAME: MASTER_COMPONENT, labels.INSTANCE: name, labels.MANAGED_BY: labels.MANAGER}
 
 
 def digest(obj: Any) -> str:
@@ -123,14 +177,16 @@ def args(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *, include_st
     """The engine's arguments: the operator's, then ``spec.extraArgs`` as written (``$(VAR)`` expands)."""
     return flags.render_args(spec.dump(), spec.engine, host_pool=host_pool_flag(spec, sizing),
                              include_storage=include_storage, api_key=uses_api_key(spec),
-                             legacy_dp_attention=engine.lacks(spec, "attn_dp_size_flag")) + list(spec.extra_args)
+                             legacy_dp_attention=engine.lacks(spec, "attn_dp_size_flag"),
+                             model_path=model_source.model_path(spec),
+                             served_name=model_source.served_name(spec)) + list(spec.extra_args)
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def mooncake_env(spec: HiCacheDeploymentSpec) -> list[dict[str, Any]]:
+def mooncake_env(spec: HiCacheDeploymentSpec, owner: Owner) -> list[dict[str, Any]]:
     """MOONCAKE_* settings as env; from the effective extra config when mooncake is the backend."""
     st = spec.hicache.storage
     if st.backend != "mooncake" and st.mooncake is None:
@@ -143,6 +199,9 @@ def mooncake_env(spec: HiCacheDeploymentSpec) -> list[dict[str, Any]]:
             value = {"protocol": "tcp", "metadataServer": "P2PHANDSHAKE"}[fld]
         if var and value is not None:
             env.append({"name": var, "value": str(value)})
+    managed = managed_master(spec)
+    if managed is not None and managed.ha is not None:
+        env.append({"name": "MC_STORE_CLUSTER_ID", "value": mooncake_cluster_id(owner)})
     return env
 
 
@@ -156,6 +215,7 @@ def operator_env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: boo
         _field_env("MOONCAKE_LOCAL_HOSTNAME", "status.hostIP" if spec.host_network else "status.podIP"),
         {"name": flags.ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_key}}},
         {"name": "HOME", "value": "/tmp"},
+        *model_source.engine_env(spec),
     ]
     if engine.version(spec):
         # the release the flags were rendered for (the local test cluster's SGLang stand-in checks them with it)
@@ -164,7 +224,7 @@ def operator_env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: boo
         api_name, api_key = secret_ref(spec, owner.name, "api")
         env.append({"name": flags.API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": api_name, "key": api_key}}})
     if include_storage:
-        env += mooncake_env(spec)
+        env += mooncake_env(spec, owner)
     return env
 
 
@@ -183,14 +243,16 @@ def resources(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *,
     requests = {k: str(v) for k, v in spec.resources.requests.items()}
     limits = {k: str(v) for k, v in spec.resources.limits.items()}
     memory = sizing.pod_memory if sizing is not None else None
-    if memory and not include_storage and sizing.mooncake_segment_bytes and sizing.pod_memory_bytes:
-        memory = memory_quantity(sizing.pod_memory_bytes - sizing.mooncake_segment_bytes)
+    if memory and not include_storage and sizing.storage_bytes and sizing.pod_memory_bytes:
+        memory = memory_quantity(sizing.pod_memory_bytes - sizing.storage_bytes)
     if memory:
         requests.setdefault("memory", memory)
         # A user's larger request raises the limit with it (a request above its limit is refused).
         limits.setdefault("memory", requests["memory"])
     requests["nvidia.com/gpu"] = gpus
     limits["nvidia.com/gpu"] = gpus
+    if spec.rdma is not None:  # an extended resource: request = limit
+        requests[spec.rdma.resource] = limits[spec.rdma.resource] = str(spec.rdma.count)
     return {"requests": requests, "limits": limits}
 
 
@@ -234,12 +296,11 @@ def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, 
         "resources": resources(spec, sizing, include_storage=include_storage),
         "readinessProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 5, "timeoutSeconds": 2,
                            "failureThreshold": 2},
-        "startupProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 10, "timeoutSeconds": 5,
-                         "failureThreshold": 180},
+        "startupProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": model_source.STARTUP_PROBE_PERIOD,
+                         "timeoutSeconds": 5, "failureThreshold": model_source.startup_failure_threshold(spec)},
         "livenessProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 15, "timeoutSeconds": 5,
                           "failureThreshold": 4},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True, "privileged": False},
+        "securityContext": security_context(spec),
         # a runtime that cannot start (a bad checkpoint) ends its log with one line saying why;
         # the kubelet keeps that tail as lastState.terminated.message, and status shows it
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -247,6 +308,7 @@ def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, 
             {"name": "storage-config", "mountPath": OPERATOR_VOLUMES["storage-config"], "readOnly": True},
             {"name": "tmp", "mountPath": OPERATOR_VOLUMES["tmp"]},
             {"name": "dshm", "mountPath": OPERATOR_VOLUMES["dshm"]},
+            *model_source.mounts(spec),
             *spec.extra_volume_mounts,
         ],
     }
@@ -268,9 +330,14 @@ def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, 
             # memory-backed: counted in the pod's memory (status.sizing shmBytes), so bounded
             {"name": "dshm", "emptyDir": {"medium": "Memory",
                                           "sizeLimit": f"{int(spec.hicache.host_pool.shm_gib * 1024)}Mi"}},
+            *model_source.volumes(spec, owner.name),
             *spec.extra_volumes,
         ],
     }
+    downloads = model_source.init_containers(spec, owner.name, pod_ip_env=_field_env("POD_IP", "status.podIP"),
+                                             security_context=security_context())
+    if downloads:
+        pod_spec["initContainers"] = downloads
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -472,6 +539,17 @@ def configmap(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
     })
 
 
+def model_configmap(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any] | None:
+    """ConfigMap <name>-model (the download script), with modelSource.huggingFace only."""
+    if spec.model_source is None or spec.model_source.hugging_face is None:
+        return None
+    return _stamp({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(owner, model_source.configmap_name(owner.name), "model-download"),
+        "data": model_source.configmap_data(),
+    })
+
+
 def generated_secrets(spec: HiCacheDeploymentSpec, owner: Owner, new_key: Callable[[], str]) -> list[dict[str, Any]]:
     """The key Secrets the operator creates (once, never applied) because the spec names none."""
     out = []
@@ -503,16 +581,114 @@ def pdb(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
     })
 
 
+def _master_meta(owner: Owner, name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": owner.namespace,
+            "labels": {**master_labels(owner.name), labels.DEPLOYMENT: owner.name, labels.COMPONENT: MASTER_COMPONENT},
+            "ownerReferences": [owner.reference()]}
+
+
+def master_args(managed: ManagedMaster, owner: Owner) -> list[str]:
+    """mooncake_master's flags: every port explicit (its HTTP servers otherwise take 8080 and 9003),
+    bound to the pod's address (with HA the address it advertises in etcd), log to stderr."""
+    args = ["--rpc_address=$(POD_IP)", f"--rpc_port={managed.rpc_port}",
+            "--metrics_host=$(POD_IP)", f"--metrics_port={managed.metrics_port}",
+            f"--default_kv_lease_ttl={managed.kv_lease_ttl_ms}", f"--client_ttl={managed.client_ttl_seconds}",
+            f"--eviction_high_watermark_ratio={managed.eviction_high_watermark_ratio}",
+            f"--eviction_ratio={managed.eviction_ratio}"]
+    http = managed.http_metadata_server
+    args += ["--enable_http_metadata_server=true", f"--http_metadata_server_port={http.port}"] if http else \
+        ["--enable_http_metadata_server=false"]
+    if managed.ha is not None:
+        args += ["--enable_ha=true", f"--etcd_endpoints={';'.join(managed.ha.etcd_endpoints)}",
+                 f"--cluster_id={mooncake_cluster_id(owner)}"]
+    return args + ["--logtostderr=true"]
+
+
+def master_ports(managed: ManagedMaster) -> list[tuple[str, int]]:
+    """(name, port) the master listens on; a standby of an HA pair serves no RPC."""
+    ports = [("rpc", managed.rpc_port), ("metrics", managed.metrics_port)]
+    if managed.http_metadata_server is not None:
+        ports.append(("http-metadata", managed.http_metadata_server.port))
+    return ports
+
+
+def mooncake_master_deployment(spec: HiCacheDeploymentSpec, managed: ManagedMaster, owner: Owner, *,
+                               process_backed: bool) -> dict[str, Any]:
+    """The master's Deployment: one replica (Recreate: two masters behind one Service would split
+    the store), or with HA a leader and standbys rolled one at a time."""
+    health = {"httpGet": {"path": "/health", "port": "metrics"}}
+    container: dict[str, Any] = {
+        "name": MASTER_CONTAINER,
+        "image": managed.image or spec.image,
+        "command": [MASTER_COMMAND],
+        "args": master_args(managed, owner),
+        "env": [_field_env("POD_IP", "status.podIP")],
+        "ports": [{"name": n, "containerPort": port, "protocol": "TCP"} for n, port in master_ports(managed)],
+        "resources": {"requests": {k: str(v) for k, v in managed.resources.requests.items()},
+                      "limits": {k: str(v) for k, v in managed.resources.limits.items()}},
+        "readinessProbe": {**health, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},
+        "livenessProbe": {**health, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "privileged": False, "readOnlyRootFilesystem": True},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if managed.node_selector:
+        pod_spec["nodeSelector"] = dict(managed.node_selector)
+    if managed.tolerations:
+        pod_spec["tolerations"] = list(managed.tolerations)
+    strategy = {"type": "Recreate"} if managed.ha is None else \
+        {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    return _stamp({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _master_meta(owner, names(owner.name)["mooncakeMaster"]),
+        "spec": {
+            "replicas": managed.ha.replicas if managed.ha is not None else 1,
+            "strategy": strategy,
+            "selector": {"matchLabels": master_labels(owner.name)},
+            "template": {"metadata": {"labels": {**master_labels(owner.name), labels.COMPONENT: MASTER_COMPONENT},
+                                      "annotations": {labels.PROCESS_BACKED: "true"} if process_backed else {}},
+                         "spec": pod_spec},
+        },
+    })
+
+
+def mooncake_master_service(managed: ManagedMaster, owner: Owner) -> dict[str, Any]:
+    """The master's Service: RPC for the pods (not with HA: clients find the leader through etcd),
+    metrics, and the HTTP metadata server when it runs."""
+    ports = [(n, port) for n, port in master_ports(managed) if n != "rpc" or managed.ha is None]
+    return _stamp({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _master_meta(owner, names(owner.name)["mooncakeMaster"]),
+        "spec": {"type": "ClusterIP", "selector": master_labels(owner.name),
+                 "ports": [{"name": n, "port": port, "targetPort": n, "protocol": "TCP"} for n, port in ports]},
+    })
+
+
 def children(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
              process_backed: bool = False) -> list[dict[str, Any]]:
     """The applied children, in apply order (the StatefulSet last, after what its pods mount).
 
     The key Secrets are not among them: ``generated_secrets`` renders them, and they are created,
     never applied, so an existing key cannot be rotated by a re-render. With the router on, its
-    ServiceAccount, Role and RoleBinding come right after the ConfigMap (its pods need them at start)."""
+    ServiceAccount, Role and RoleBinding come right after the ConfigMaps (its pods need them at start)."""
+    managed = managed_master(spec)
+    master = [] if managed is None else [
+        mooncake_master_service(managed, owner),
+        mooncake_master_deployment(spec, managed, owner, process_backed=process_backed)]
+    model = model_configmap(spec, owner)
+    configmaps = [configmap(spec, owner), *([model] if model else [])]
     sts = statefulset(spec, sizing, owner, process_backed=process_backed)
     if not spec.router_on:
-        return [configmap(spec, owner), headless_service(owner), service(owner), pdb(spec, owner), sts]
-    return [configmap(spec, owner), *router_rbac(owner), headless_service(owner), serving_service(owner),
-            service(owner, router_on=True), pdb(spec, owner),
+        return [*configmaps, headless_service(owner), service(owner), pdb(spec, owner), *master, sts]
+    return [*configmaps, *router_rbac(owner), headless_service(owner), serving_service(owner),
+            service(owner, router_on=True), pdb(spec, owner), *master,
             router_deployment(spec, owner, process_backed=process_backed), sts]

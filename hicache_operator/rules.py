@@ -23,7 +23,7 @@ class Rule:
     severity: Severity
     message: str  # static for CEL rules; a str.format template otherwise
     cel: str | None = None
-    scope: str | None = None  # the schema node: "root", "spec", "parallelism", "hicache", "hostPool", ...
+    scope: str | None = None  # the schema node: "root", "spec", "parallelism", "hicache", "hostPool", "modelSource", "rdma", ...
 
 
 # podTemplate label and annotation keys that are the operator's: its selector labels and its prefix.
@@ -73,9 +73,27 @@ RULES: tuple[Rule, ...] = (
     Rule("bundled-model-source", "error",
          "engine bundled loads a local Hugging Face checkpoint directory: set model to an absolute "
          "path inside the pod (a mounted volume, e.g. /models/llama-3.1-8b) or to builtin:tiny / "
-         "builtin:small; a Hugging Face repo id needs engine: sglang",
-         "(has(self.engine) && self.engine == 'sglang') || !has(self.model) || "
+         "builtin:small, or keep the Hugging Face repo id and add spec.modelSource.huggingFace to "
+         "download it",
+         "(has(self.engine) && self.engine == 'sglang') || !has(self.model) || has(self.modelSource) || "
          "self.model.startsWith('/') || self.model in ['builtin:tiny', 'builtin:small']", "spec"),
+    Rule("model-source-one-of", "error",
+         "set exactly one of modelSource.huggingFace, modelSource.pvc, modelSource.hostPath or "
+         "modelSource.image",
+         "[has(self.huggingFace), has(self.pvc), has(self.hostPath), has(self.image)]"
+         ".filter(x, x).size() == 1", "modelSource"),
+    Rule("model-source-name", "error",
+         "with spec.modelSource, spec.model names the model (clients send it, sizing looks its shape up): "
+         "set model to its Hugging Face repo id or another name, not a path or builtin:*; the source "
+         "gives the path",
+         "!has(self.modelSource) || (has(self.model) && !self.model.startsWith('/') && "
+         "!self.model.startsWith('builtin:'))", "spec"),
+    Rule("hugging-face-repo-id", "error",
+         "modelSource.huggingFace downloads spec.model, which must be a Hub repo id like "
+         "Qwen/Qwen3-8B (letters, digits, '-', '_', '.'; one '/'), not a URL",
+         "!has(self.modelSource) || !has(self.modelSource.huggingFace) || !has(self.model) || "
+         "self.model.startsWith('/') || self.model.startsWith('builtin:') || "
+         "self.model.matches('^[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?$')", "spec"),
     Rule("bundled-parallelism", "error",
          "engine bundled runs tensor parallelism only: set parallelism.pp and parallelism.dp to 1, or use "
          "engine: sglang",
@@ -89,10 +107,33 @@ RULES: tuple[Rule, ...] = (
          f"(!has(self.labels) || self.labels.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}') && !(k in [{_KEY_LIST}]))) "
          f"&& (!has(self.annotations) || self.annotations.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}')))",
          "podTemplateMetadata"),
+    Rule("mooncake-master-source", "error",
+         "set either hicache.storage.mooncake.masterAddress (a master that already runs) or "
+         "hicache.storage.mooncake.managed (the operator runs one), not both; with managed, leave "
+         "extraConfig.master_server_address unset too",
+         "!(has(self.masterAddress) && has(self.managed))", "mooncake"),
+    Rule("mooncake-master-ports", "error",
+         "hicache.storage.mooncake.managed: rpcPort, metricsPort and httpMetadataServer.port must differ: "
+         "change one of them",
+         "(has(self.rpcPort) ? self.rpcPort : 50051) != (has(self.metricsPort) ? self.metricsPort : 9003) && "
+         "(!has(self.httpMetadataServer) || ![has(self.rpcPort) ? self.rpcPort : 50051, "
+         "has(self.metricsPort) ? self.metricsPort : 9003].exists(p, p == "
+         "(has(self.httpMetadataServer.port) ? self.httpMetadataServer.port : 8080)))", "mooncakeManaged"),
+    Rule("mooncake-ha-http-metadata", "error",
+         "hicache.storage.mooncake.managed.ha with httpMetadataServer: each master would keep metadata of its "
+         "own that the others never see; remove httpMetadataServer (clients then use P2PHANDSHAKE)",
+         "!has(self.ha) || !has(self.httpMetadataServer)", "mooncakeManaged"),
+    Rule("rdma-resource", "error",
+         "spec.rdma.resource must be the extended resource the RDMA device plugin advertises, with its domain "
+         "and outside kubernetes.io (e.g. rdma/hca_shared_devices_a)",
+         "self.resource.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+         "[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$') && !self.resource.matches('^([^/]*\\\\.)?kubernetes\\\\.io/')",
+         "rdma"),
     # ---- errors that need the extra config (invisible to CEL) or the nodes ----
     Rule("mooncake-master-required", "error",
-         "hicache.storage.backend mooncake needs the master address: set "
-         "hicache.storage.mooncake.masterAddress (host:port of mooncake_master)"),
+         "hicache.storage.backend mooncake needs a master: set hicache.storage.mooncake.masterAddress "
+         "(host:port of a mooncake_master that runs) or hicache.storage.mooncake.managed: {} (the operator "
+         "runs one)"),
     Rule("mooncake-config-conflict", "error",
          "hicache.storage.mooncake.{field} ({ours!r}) and hicache.storage.extraConfig.{key} "
          "({theirs!r}) disagree: set it in one place"),
@@ -110,7 +151,7 @@ RULES: tuple[Rule, ...] = (
          "(processes, /dev/shm, Mooncake segment, engine reserve) = {total} exceeds the allocatable memory "
          "{alloc} of node {node}: {fix}"),
     Rule("mooncake-segment-size", "error",
-         "Mooncake global_segment_size {value!r} is neither bytes nor '<N>gb': write e.g. 68719476736 or '64gb'"),
+         "Mooncake {key} {value!r} is neither bytes nor '<N>gb': write e.g. 68719476736 or '64gb'"),
     Rule("engine-version-unknown", "error",
          "engine sglang: the SGLang release cannot be read from image {image!r}: set spec.engineVersion "
          "(e.g. 0.5.23) to the release the image runs"),
@@ -167,6 +208,13 @@ RULES: tuple[Rule, ...] = (
     Rule("file-storage-not-shared", "warning",
          "the file backend writes to {path}, which is not under any extraVolumeMounts path: L3 stays inside "
          "each pod and is lost with it; mount a shared volume (e.g. a ReadWriteMany PVC) there"),
+    Rule("rdma-privileged", "warning",
+         "spec.rdma.privileged runs the runtime container privileged and as root, so it can register memory "
+         "for RDMA whatever the node's memlock limit; where the nodes' container runtime gives containers an "
+         "unlimited memlock limit, remove it"),
+    Rule("rdma-without-device", "warning",
+         "the Mooncake protocol is rdma but spec.rdma is unset: pods request no RDMA device and get neither "
+         "IPC_LOCK nor a device; set spec.rdma.resource to the RDMA device plugin's resource"),
     Rule("write-back-allowed", "warning",
          "hicache.writePolicy write_back is allowed by allowWriteBack; SGLang has crashed under load "
          "with it (sgl-project/sglang#19212)"),
@@ -185,6 +233,9 @@ RULES: tuple[Rule, ...] = (
          "caches from the requests it routes itself, and the client Service spreads a conversation's turns over "
          "the router pods, so turns land on pods without their prefix; set router.replicas to 1 (a router "
          "pod routes thousands of requests a second), or choose another policy"),
+    Rule("model-claim-not-shared", "warning",
+         "{what} PersistentVolumeClaim {claim} has access modes {modes}, which attach it to one node, and "
+         "the {replicas} pods run on {replicas} nodes: use a {needed} claim"),
     Rule("sizing-no-longer-fits", "warning",
          "the host pool sized at the last spec change no longer fits: {why}; edit the spec to re-size "
          "or add node memory"),

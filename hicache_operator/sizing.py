@@ -11,14 +11,15 @@ it may hold, so every pod fits wherever it lands, beside as many siblings as the
 Pod memory (request = limit) counts every term the pod's memory cgroup will hold: the host
 pools, the processes themselves (``overheadGiB``), the memory-backed ``/dev/shm`` (``shmGiB``),
 the Mooncake global segment the pod lends to the store (one per pod: the engines split it across
-their ranks), the memory requests of the containers ``podTemplate`` adds, and, for SGLang
-releases that check host headroom, what that check demands. SGLang refuses a rank's pool P
-unless P <= (limit - usage - 10 GiB) / ranks at the moment that rank allocates (its ranks are
-the pod's: the check reads the pod's own cgroup); ranks allocate concurrently, so the last rank
-may already see its r - 1 peers' pools in the usage. The limit that passes for every rank is
+their ranks), each rank's Mooncake transfer buffer (registered for RDMA like the segment), the
+memory requests of the containers ``podTemplate`` adds, and, for SGLang releases that check host
+headroom, what that check demands. SGLang refuses a rank's pool P unless
+P <= (limit - usage - 10 GiB) / ranks at the moment that rank allocates (its ranks are the pod's:
+the check reads the pod's own cgroup); ranks allocate concurrently, so the last rank may already
+see its r - 1 peers' pools in the usage. The limit that passes for every rank is
 
-    overhead + shm + segment + sidecars + 10 GiB + (2r - 1) x P      (SGLang with the check)
-    overhead + shm + segment + sidecars + r x P                     (otherwise)
+    overhead + shm + segment + buffers + sidecars + 10 GiB + (2r - 1) x P      (SGLang with the check)
+    overhead + shm + segment + buffers + sidecars + r x P                     (otherwise)
 
 fromNodeMemory: the pods on a node may take ``allocatable x fraction - reserve`` together, so
 one pod's limit may take that divided by the pods the node may hold; P is what is left after the
@@ -57,6 +58,9 @@ MIB = 2**20
 GPU = "nvidia.com/gpu"
 # What a Mooncake client lends when global_segment_size is unset (SGLang's and the runtime's default).
 DEFAULT_SEGMENT_BYTES = 4 * GIB
+# Each rank's Mooncake transfer buffer: the bundled runtime's local_buffer_size default; SGLang
+# ignores the key and always takes this much.
+DEFAULT_LOCAL_BUFFER_BYTES = 16 * 2**20
 
 
 class SizingError(Exception):
@@ -89,6 +93,8 @@ class SizingRecord(BaseModel):
     shm_bytes: int = Field(description="hostPool.shmGiB: the memory-backed /dev/shm.")
     mooncake_segment_bytes: int | None = Field(None, description="The Mooncake global segment the pod lends.")
     sidecar_bytes: int | None = Field(None, description="Memory requests of the containers podTemplate adds.")
+    mooncake_local_buffer_bytes: int | None = Field(
+        None, description="The ranks' Mooncake transfer buffers (local_buffer_size each; SGLang: 16 MiB).")
     engine_reserve_bytes: int = Field(description="What SGLang's host headroom check keeps free (0 without it).")
     pool_multiplier: int = Field(description="Pools the limit must hold: 2r-1 with SGLang's check, else r.")
     page_size: int
@@ -114,6 +120,11 @@ class SizingRecord(BaseModel):
     formula: str | None = Field(None, description="podMemoryBytes, term by term.")
     engine_headroom_check: str | None = Field(None, description="SGLang's headroom check for the last rank.")
     note: str | None = Field(None, description="Why the pools could not be sized here.")
+
+    @property
+    def storage_bytes(self) -> int:
+        """The terms the Mooncake backend adds, which a live swap changes (left out of the restart hash)."""
+        return (self.mooncake_segment_bytes or 0) + (self.mooncake_local_buffer_bytes or 0)
 
     def dump(self) -> dict[str, Any]:
         """The camelCase dict status carries."""
@@ -311,13 +322,14 @@ def request_bytes(n: int) -> int:
     return -(-n // MIB) * MIB
 
 
-def segment_bytes(value: Any) -> int:
-    """A Mooncake ``global_segment_size`` as SGLang reads it: bytes, or ``"<N>gb"`` meaning N GiB."""
+def segment_bytes(value: Any, key: str = "global_segment_size") -> int:
+    """A Mooncake size (``global_segment_size``, ``local_buffer_size``) as SGLang reads it: bytes,
+    or ``"<N>gb"`` meaning N GiB."""
     text = str(value).strip().lower()
     try:
         return int(text[:-2].strip()) * GIB if text.endswith("gb") else int(text)
     except ValueError as exc:
-        raise SizingError("mooncake-segment-size", value=value) from exc
+        raise SizingError("mooncake-segment-size", key=key, value=value) from exc
 
 
 def fixed_terms(spec: HiCacheDeploymentSpec) -> dict[str, int]:
@@ -327,6 +339,9 @@ def fixed_terms(spec: HiCacheDeploymentSpec) -> dict[str, int]:
     if st.backend == "mooncake":
         size = st.extra_config.get("global_segment_size")
         terms["mooncakeSegmentBytes"] = DEFAULT_SEGMENT_BYTES if size is None else segment_bytes(size)
+        buffer = st.extra_config.get("local_buffer_size") if spec.engine == "bundled" else None
+        terms["mooncakeLocalBufferBytes"] = spec.ranks_per_pod * (
+            DEFAULT_LOCAL_BUFFER_BYTES if buffer is None else segment_bytes(buffer, "local_buffer_size"))
     terms["engineReserveBytes"] = engine.host_reserve_bytes(spec)
     return terms
 
@@ -451,7 +466,8 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingReco
                formula=" + ".join(f"{v} ({k.removesuffix('Bytes')})" for k, v in terms.items() if v)
                + f" + {multiplier} x {per_rank} (host pools) = {total} B")
     if terms["engineReserveBytes"]:
-        usage = terms["overheadBytes"] + terms["shmBytes"] + terms.get("mooncakeSegmentBytes", 0) + (ranks - 1) * per_rank
+        usage = (terms["overheadBytes"] + terms["shmBytes"] + terms.get("mooncakeSegmentBytes", 0)
+                 + terms.get("mooncakeLocalBufferBytes", 0) + (ranks - 1) * per_rank)
         rec["engineHeadroomCheck"] = (
             f"last rank to allocate: ({total} limit - {usage} in use - {terms['engineReserveBytes']} reserve) / {ranks} "
             f"= {(total - usage - terms['engineReserveBytes']) // ranks} B >= {per_rank} B pool")

@@ -7,7 +7,7 @@ message. CEL rules are attached to the schema nodes through ``json_schema_extra`
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -78,8 +78,62 @@ class HostPool(_Model):
                            description="Size of the pod's memory-backed /dev/shm (NCCL, IPC); counted in the pod's memory.")
 
 
+class Resources(_Model):
+    requests: dict[str, IntOrString] = Field(default_factory=dict)
+    limits: dict[str, IntOrString] = Field(default_factory=dict)
+
+
+HOST_PORT = r"^[^\s:;/]+:[0-9]{1,5}$"
+PORT = {"ge": 1, "le": 65535}
+
+
+class HttpMetadataServer(_Model):
+    port: int = Field(8080, **PORT, description="Port of the master's HTTP metadata server (it listens on every "
+                                                "address of the pod).")
+
+
+class MasterHA(_Model):
+    etcd_endpoints: list[Annotated[str, Field(pattern=HOST_PORT, max_length=253)]] = Field(
+        min_length=1, max_length=16, description=(
+            "host:port of each member of an existing etcd cluster the masters elect their leader through; "
+            "clients find the leader there too (MOONCAKE_MASTER etcd://...)."))
+    replicas: int = Field(2, ge=2, le=7, description="Masters: one leader and standbys.")
+
+
+class ManagedMaster(_Model):
+    """A mooncake_master the operator runs: Deployment and Service ``<name>-mooncake``."""
+
+    model_config = ConfigDict(json_schema_extra=_cel("mooncakeManaged"))
+    image: str | None = Field(None, min_length=1, max_length=512, pattern=r"^\S(.*\S)?$", description=(
+        "Image with the mooncake_master command on its PATH; unset: spec.image (the runtime image carries the "
+        "mooncake wheel, SGLang's images mooncake-transfer-engine)."))
+    rpc_port: int = Field(50051, **PORT, description="The master's RPC port (clients' MOONCAKE_MASTER).")
+    metrics_port: int = Field(9003, **PORT, description="Prometheus metrics and the /health probe.")
+    kv_lease_ttl_ms: int = Field(10000, ge=1, alias="kvLeaseTTLMs", description=(
+        "How long an object stays unevictable after a read or write (--default_kv_lease_ttl, ms)."))
+    client_ttl_seconds: int = Field(10, ge=1, alias="clientTTLSeconds", description=(
+        "Seconds a client's segment stays mounted after its last heartbeat (--client_ttl)."))
+    eviction_high_watermark_ratio: float = Field(0.9, gt=0, le=1, description=(
+        "Share of the mounted segments in use at which eviction starts (--eviction_high_watermark_ratio)."))
+    eviction_ratio: float = Field(0.05, gt=0, le=1, description=(
+        "Share of objects evicted at a time when full (--eviction_ratio)."))
+    http_metadata_server: HttpMetadataServer | None = Field(None, description=(
+        "Run the master's HTTP metadata server (off: clients use P2PHANDSHAKE); the pods' metadataServer "
+        "then defaults to it."))
+    ha: MasterHA | None = Field(None, description="High availability: several masters, leader elected through etcd.")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "4Gi"}),
+        description="The master container's resources (it holds object metadata; the memory is lent by the pods).")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class Mooncake(_Model):
-    master_address: str | None = Field(None, min_length=1, description="host:port of mooncake_master (MOONCAKE_MASTER).")
+    model_config = ConfigDict(json_schema_extra=_cel("mooncake"))
+    master_address: str | None = Field(None, min_length=1, description="host:port of an existing mooncake_master "
+                                                                       "(MOONCAKE_MASTER).")
+    managed: ManagedMaster | None = Field(None, description="Have the operator run the master (instead of "
+                                                            "masterAddress).")
     # No schema defaults here: a default would read as "set" and clash with extraConfig; the
     # effective defaults (tcp, P2PHANDSHAKE) are filled in by validation.normalise.
     protocol: Literal[flags.MOONCAKE_PROTOCOLS] | None = Field(None, description="tcp (default) or rdma.")  # type: ignore[valid-type]
@@ -136,9 +190,15 @@ class Rollout(_Model):
     drain_timeout_seconds: int = Field(300, ge=1, le=INT32_MAX, description="How long a pod may take to finish in-flight requests.")
 
 
-class Resources(_Model):
-    requests: dict[str, IntOrString] = Field(default_factory=dict)
-    limits: dict[str, IntOrString] = Field(default_factory=dict)
+class Rdma(_Model):
+    model_config = ConfigDict(json_schema_extra=_cel("rdma"))
+    resource: str = Field(min_length=1, max_length=253, description=(
+        "Extended resource of the RDMA device plugin, e.g. rdma/hca_shared_devices_a (requested and limited)."))
+    count: int = Field(1, ge=1, le=64, description="Devices per pod.")
+    privileged: bool = Field(False, description=(
+        "Run the runtime container privileged as root, so it can lock (register) memory whatever the node's "
+        "memlock limit; off: the container gets IPC_LOCK and the node's container runtime must give containers an "
+        "unlimited memlock limit."))
 
 
 class ModelShape(_Model):
@@ -197,9 +257,78 @@ class PodTemplate(_Model):
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, mode="json")
+# A relative path inside a volume: segments that start with a letter, digit or '_' (no '..', no
+# leading '/'); "" is the volume's root. An absolute path: the same segments after a '/'.
+RELATIVE_PATH = r"^([A-Za-z0-9_][-._A-Za-z0-9]*(/[A-Za-z0-9_][-._A-Za-z0-9]*)*)?$"
+ABSOLUTE_PATH = r"^(/[A-Za-z0-9_][-._A-Za-z0-9]*)+$"
+# Files a Hugging Face download skips unless ignorePatterns says otherwise: other frameworks'
+# weights and Meta's consolidated originals, none of which either engine loads.
+DEFAULT_IGNORE_PATTERNS = ["original/*", "*.pth", "*.gguf", "*.onnx", "*.h5", "*.msgpack"]
 
 
-ROUTER_IMAGE = "hicache-router:0.1.0"  # the Dockerfile's router target: sglang-router's wheel
+class ModelClaim(_Model):
+    """A directory on a PersistentVolumeClaim in the fleet's namespace."""
+
+    claim_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN,
+                            description="The PersistentVolumeClaim (ReadWriteMany, or ReadOnlyMany for pvc, when "
+                                        "replicas > 1: one pod runs per node).")
+    path: str = Field("", max_length=1024, pattern=RELATIVE_PATH,
+                      description="Directory inside the claim, relative to its root (empty: the root).")
+
+
+class HfTokenSecretRef(SecretKeyRef):
+    key: str = Field("token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class HuggingFaceSource(_Model):
+    """spec.model (a Hub repo id), downloaded once by huggingface_hub in the pods' model-download init container into a claim the fleet shares; the engine reads it offline from there."""
+
+    revision: str = Field("main", min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_][-._/A-Za-z0-9]*$",
+                          description="Branch, tag or commit. A branch is resolved at the first download and "
+                                      "kept: pin a commit for fleets that must not drift.")
+    token_secret_ref: HfTokenSecretRef | None = Field(
+        None, description="Secret holding a Hub token (gated or private repos); given to the download as "
+                          "HF_TOKEN from the Secret, never on a command line or in status.")
+    endpoint: str | None = Field(None, max_length=512, pattern=r"^https?://\S+$",
+                                 description="Hub endpoint (HF_ENDPOINT), e.g. an in-house mirror; unset: "
+                                             "huggingface.co.")
+    cache: ModelClaim = Field(description="Where the download lands, as <path>/<org>--<name>/<revision>: "
+                                          "fleets and restarts that find it complete download nothing.")
+    allow_patterns: list[str] | None = Field(None, description="Only files matching one of these globs.")
+    ignore_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORE_PATTERNS),
+                                       description="Files matching these globs are skipped (default: "
+                                                   + ", ".join(DEFAULT_IGNORE_PATTERNS) + ").")
+
+
+class HostPathSource(_Model):
+    """A checkpoint directory on the nodes themselves (read-only)."""
+
+    path: str = Field(max_length=1024, pattern=ABSOLUTE_PATH,
+                      description="The checkpoint directory on every node the pods may run on.")
+
+
+class ImageSource(_Model):
+    """A checkpoint inside an OCI image, mounted as a Kubernetes image volume (read-only)."""
+
+    reference: str = Field(min_length=1, max_length=512, pattern=r"^\S+$",
+                           description="OCI image or artifact holding the checkpoint (a Kubernetes image "
+                                       "volume: the ImageVolume feature, on by default from 1.35).")
+    path: str = Field("", max_length=1024, pattern=RELATIVE_PATH,
+                      description="The checkpoint directory inside the image (empty: its root).")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+
+
+class ModelSource(_Model):
+    """Where the checkpoint comes from; exactly one. The engine gets it as a local --model-path and serves it as spec.model (--served-model-name)."""
+
+    model_config = ConfigDict(json_schema_extra=_cel("modelSource"))
+    hugging_face: HuggingFaceSource | None = None
+    pvc: ModelClaim | None = Field(None, description="A checkpoint directory on a PersistentVolumeClaim (read-only).")
+    host_path: HostPathSource | None = None
+    image: ImageSource | None = None
+
+
+ROUTER_IMAGE = "ghcr.io/hicache-dev/hicache-router:0.1.0"  # the Dockerfile's router target: sglang-router's wheel
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 
 
@@ -235,7 +364,17 @@ class HiCacheDeploymentSpec(_Model):
         description="SGLang release the image runs (e.g. 0.5.23), for the engine's feature checks; unset: read "
                     "from the image tag (lmsysorg/sglang:v0.5.23-cu129 -> 0.5.23).")
     model: str = _from_flag("model", min_length=1, max_length=512)
+    model_source: ModelSource | None = Field(
+        None, description="Where the checkpoint comes from (Hugging Face download, PVC, hostPath or image "
+                          "volume); spec.model then names it. Unset: model is a path in the pod or a hub id "
+                          "the engine resolves itself.")
     model_shape: ModelShape | None = None
+    startup_timeout_seconds: int | None = Field(
+        None, ge=60, le=7 * 24 * 3600,
+        description="How long the engine may take from its container's start to /health answering (loading "
+                    "weights, allocating pools): the startup probe's budget. Unset: 600, or 1800 when engine "
+                    "sglang downloads a Hub id itself. Downloads by modelSource run before it, without a "
+                    "deadline.")
     replicas: int = Field(1, ge=0, le=INT32_MAX)
     parallelism: Parallelism = Field(default_factory=Parallelism)
     page_size: int = _from_flag("pageSize", ge=1)
@@ -247,6 +386,7 @@ class HiCacheDeploymentSpec(_Model):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     affinity: dict[str, Any] | None = None
+    rdma: Rdma | None = Field(None, description="RDMA devices for the Mooncake transfer engine (protocol rdma).")
     host_network: bool = Field(False, description="Pods use the node's network; MOONCAKE_LOCAL_HOSTNAME becomes the host IP.")
     extra_volumes: list[dict[str, Any]] = Field(default_factory=list)
     extra_volume_mounts: list[dict[str, Any]] = Field(default_factory=list)

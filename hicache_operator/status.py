@@ -18,17 +18,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from hicache_operator import labels
+from hicache_operator import labels, model_source
 from hicache_operator.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition, set_conditions
 from hicache_operator.pods import (
     annotation,
+    init_running,
     pod_is_ready,
     pod_serves,
     pod_is_terminating,
     pod_runs,
     unavailable_reason,
 )
-from hicache_operator.sizing import SizingRecord
+from hicache_operator.sizing import SizingRecord, fmt_bytes
 
 SWAP_CONDITIONS = (SWAP_IN_PROGRESS, SWAP_FAILED)
 REFUSED_REASON = "RefusedByAPIServer"
@@ -62,6 +63,16 @@ class EffectiveConfig(_Model):
         return self.model_dump(by_alias=True, mode="json")
 
 
+class MooncakeMasterStatus(_Model):
+    """The managed Mooncake master (spec.hicache.storage.mooncake.managed)."""
+
+    deployment: str = Field(description="Its Deployment and Service.")
+    address: str | None = Field(None, description="What the pods' MOONCAKE_MASTER names.")
+    replicas: int = Field(description="Masters wanted (one, or the HA leader and standbys).")
+    ready_replicas: int = Field(description="Masters whose /health answers (readiness probe).")
+    ready: bool = Field(description="At least one master is ready.")
+
+
 class HiCacheDeploymentStatus(_Model):
     observed_generation: int | None = None
     replicas: int | None = Field(None, description="Pods that exist (not terminating).")
@@ -85,6 +96,8 @@ class HiCacheDeploymentStatus(_Model):
     router_ready: str | None = Field(
         None, description="Ready router pods / spec.router.replicas, for the ROUTER column; unset without the router.")
     backend_swap: dict[str, Any] | None = Field(None, description="Backend swap state, owned by the rollout module.")
+    mooncake_master: MooncakeMasterStatus | None = Field(
+        None, description="The managed Mooncake master's readiness; unset without one.")
 
 
 @dataclass(frozen=True)
@@ -154,8 +167,9 @@ class Observed:
     when the spec is invalid (``errors`` says why); the status then describes the pods still
     running from the last valid spec, whose target ``previous`` keeps. ``problems``: (reason,
     message) found outside the pods (the sizing no longer fits, a Secret is missing).
-    ``swap``: None means as ``previous`` has it. ``router_pods``: the router's pods, as the
-    watch shows them."""
+    ``swap``: None means as ``previous`` has it. ``downloads``: pod -> the progress its model
+    download reports (``model_download.Progress.report``). ``master``: the managed Mooncake
+    master, None without one. ``router_pods``: the router's pods, as the watch shows them."""
 
     generation: int
     previous: dict[str, Any]
@@ -166,6 +180,8 @@ class Observed:
     problems: tuple[tuple[str, str], ...] = ()
     spec_replicas: int | None = None
     swap: SwapView | None = None
+    downloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    master: MooncakeMasterStatus | None = None
     router_pods: tuple[dict, ...] = ()
 
 
@@ -185,11 +201,13 @@ class Status(dict):
 def build_status(*, generation: int, previous: dict | None, desired: Desired | None,
                  errors: list[tuple[str, str]], pods: list[dict], degraded: list[tuple[str, str]],
                  now: str, spec_replicas: int | None = None, swap: SwapView | None = None,
-                 router_pods: list[dict] | None = None) -> Status:
+                 downloads: dict[str, dict[str, Any]] | None = None,
+                 master: MooncakeMasterStatus | None = None, router_pods: list[dict] | None = None) -> Status:
     """``derive`` of one reconcile's observation; ``degraded`` are its ``problems``."""
     return derive(Observed(generation=generation, previous=previous or {}, now=now, desired=desired,
                            errors=tuple(errors), pods=tuple(pods), problems=tuple(degraded),
-                           spec_replicas=spec_replicas, swap=swap, router_pods=tuple(router_pods or ())))
+                           spec_replicas=spec_replicas, swap=swap, downloads=downloads or {}, master=master,
+                           router_pods=tuple(router_pods or ())))
 
 
 @dataclass
@@ -202,6 +220,7 @@ class _Fleet:
     ready: int
     unready: dict[str, str | None] = field(default_factory=dict)  # pod -> why it is unavailable, None: starting
     running: list[dict] = field(default_factory=list)
+    downloading: list[str] = field(default_factory=list)  # pods whose model download runs
     target_hash: str | None = None
     target_backend: str | None = None
     on_target: list[dict] = field(default_factory=list)
@@ -237,11 +256,13 @@ def derive(o: Observed) -> Status:
     router = _router(o)
     if router is not None:
         out["routerReady"] = router.message.split(" ", 1)[0]
+    if o.master is not None:
+        out["mooncakeMaster"] = o.master.model_dump(by_alias=True, exclude_none=True)
     progressing = _progressing(o, swap, fleet)
     ready = fleet.ready >= fleet.replicas
     conds = [_config_valid(o),
              condition("Progressing", progressing[0] is not None, *progressing[1:]),
-             _degraded(o, swap, fleet, settled=progressing[0] in (None, "PodsStarting")),
+             _degraded(o, swap, fleet, settled=progressing[0] in (None, "PodsStarting", "ModelDownloading")),
              condition("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
                        f"{fleet.ready}/{fleet.replicas} pod(s) ready"),
              *(Condition.model_validate(c) for c in swap.conditions), *([router] if router else [])]
@@ -273,7 +294,9 @@ def _fleet(o: Observed, swap: SwapView) -> _Fleet:
     unready = {p["metadata"]["name"]: None if p["metadata"]["name"] in held else unavailable_reason(p)
                for p in live if not pod_serves(p)}
     fleet = _Fleet(live=live, terminating=len(o.pods) - len(live), replicas=replicas,
-                   ready=len(live) - len(unready), unready=unready, running=[p for p in live if pod_runs(p)])
+                   ready=len(live) - len(unready), unready=unready, running=[p for p in live if pod_runs(p)],
+                   downloading=[p["metadata"]["name"] for p in live
+                                if init_running(p, model_source.DOWNLOAD_CONTAINER)])
     if o.desired is not None:
         fleet.target_hash, fleet.target_backend = o.desired.storage_hash, o.desired.backend
     else:  # the last valid spec's target, if there was one
@@ -309,6 +332,9 @@ def _progressing(o: Observed, swap: SwapView, fleet: _Fleet) -> tuple[str | None
                                                     "template; each is drained, then restarted")
     if fleet.terminating:
         return "PodsTerminating", "PodsTerminating", f"{fleet.terminating} pod(s) terminating"
+    if o.master is not None and not o.master.ready and not fleet.live and fleet.replicas:
+        return "WaitingForMooncakeMaster", "WaitingForMooncakeMaster", (
+            f"the pods start once the Mooncake master {o.master.deployment} is ready (0/{o.master.replicas})")
     if len(fleet.live) != fleet.replicas:
         return "Scaling", "Scaling", f"{len(fleet.live)} pod(s), want {fleet.replicas}"
     if swap.failed is not None:
@@ -318,6 +344,8 @@ def _progressing(o: Observed, swap: SwapView, fleet: _Fleet) -> tuple[str | None
     if swap.in_progress is not None or behind:
         return "BackendSwap", "BackendSwap", (f"{len(fleet.on_target)}/{fleet.replicas} pod(s) on the target storage "
                                               f"config ({fleet.target_backend})")
+    if fleet.downloading:
+        return "ModelDownloading", "ModelDownloading", _download_message(fleet, o.downloads)
     if fleet.starting:
         return "PodsStarting", "PodsStarting", f"{fleet.starting} of {len(fleet.live)} pod(s) starting"
     return None, "Reconciled", "pods match the spec"
@@ -330,6 +358,9 @@ def _degraded(o: Observed, swap: SwapView, fleet: _Fleet, settled: bool) -> Cond
         problems.append(("ConfigInvalid", f"the spec is invalid (see ConfigValid); {len(fleet.live)} pod(s) of the "
                                           "last valid spec keep running"))
     problems += o.problems
+    if o.master is not None and not o.master.ready and fleet.live:
+        problems.append(("MooncakeMasterUnavailable", f"the Mooncake master {o.master.deployment} has no ready "
+                         f"replica (0/{o.master.replicas}): the pods' L3 store is unreachable; see its pods"))
     if swap.failed is not None:
         problems.append((SWAP_FAILED, f"backend swap failed: {swap.failed.get('message', '')}"))
     if swap.unattached:
@@ -363,6 +394,20 @@ def refused(previous: dict | None, generation: int, message: str, now: str) -> d
     mine = [condition("ConfigValid", False, REFUSED_REASON, message)]
     return {**previous, "observedGeneration": generation,
             "conditions": set_conditions(previous.get("conditions") or [], mine, generation, now)}
+
+
+def _download_message(fleet: _Fleet, downloads: dict[str, dict[str, Any]]) -> str:
+    """E.g. "2 of 2 pod(s) downloading the model: Qwen/Qwen3-8B@main 3.1 GiB of 16.4 GiB (19%)"."""
+    message = f"{len(fleet.downloading)} of {len(fleet.live)} pod(s) downloading the model"
+    reports = [downloads[p] for p in fleet.downloading if isinstance(downloads.get(p), dict)]
+    if not reports:
+        return message + " (no progress reported yet)"
+    best = max(reports, key=lambda r: r.get("bytesDone") or 0)  # every pod fills the same directory
+    done, total = int(best.get("bytesDone") or 0), best.get("bytesTotal")
+    where = f"{best.get('repo')}@{best.get('revision')}"
+    if not total:
+        return f"{message}: {where} {fmt_bytes(done)} so far ({best.get('phase')})"
+    return f"{message}: {where} {fmt_bytes(done)} of {fmt_bytes(total)} ({100 * done // total}%)"
 
 
 def _unavailable_message(ready: int, replicas: int, starting: int, unready: dict[str, str | None]) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hicache_operator import engine, engine_cli, engine_versions, flags, overlay, render, sizing
+from hicache_operator import engine, engine_cli, engine_versions, flags, model_source, overlay, render, sizing
 from hicache_operator.rollout.storage_config import hostname_paths, without_hostnames
 from hicache_operator.rules import OPERATOR_KEY_PREFIX, OPERATOR_LABEL_KEYS, rule
 from hicache_operator.spec import HiCacheDeploymentSpec, resolve_max_unavailable
@@ -87,18 +87,16 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
     if spec.engine == "sglang" and spec.model.startswith("builtin:"):
         out.append(finding("builtin-model-needs-bundled"))
     if spec.engine == "bundled":
-        if not (spec.model.startswith("/") or spec.model in BUNDLED_BUILTINS):
+        if not (spec.model.startswith("/") or spec.model in BUNDLED_BUILTINS or spec.model_source is not None):
             out.append(finding("bundled-model-source"))
         if spec.parallelism.dp > 1 or spec.parallelism.pp > 1:
             out.append(finding("bundled-parallelism"))
+    out += check_model_source(spec)
     try:
         resolve_max_unavailable(spec.rollout.max_unavailable, spec.replicas)
     except ValueError:
         out.append(finding("max-unavailable"))
-    if storage.backend == "mooncake":
-        master = (storage.mooncake.master_address if storage.mooncake else None)
-        if not master and not storage.extra_config.get("master_server_address"):
-            out.append(finding("mooncake-master-required"))
+    out += check_mooncake(spec)
     if storage.backend == "dynamic":
         missing = [k for k in DYNAMIC_REQUIRED if not storage.extra_config.get(k)]
         if missing:
@@ -150,6 +148,52 @@ def _env_source(item: dict[str, Any]) -> str:
     return ""
 
 
+HUB_REPO_ID = re.compile(r"[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?")
+
+
+def check_model_source(spec: HiCacheDeploymentSpec) -> list[Finding]:
+    src = spec.model_source
+    if src is None:
+        return []
+    out = []
+    if sum(s is not None for s in (src.hugging_face, src.pvc, src.host_path, src.image)) != 1:
+        out.append(finding("model-source-one-of"))
+    if not model_source.is_hub_id(spec.model):
+        out.append(finding("model-source-name"))
+    elif src.hugging_face is not None and not HUB_REPO_ID.fullmatch(spec.model):
+        out.append(finding("hugging-face-repo-id"))
+    return out
+
+
+def check_mooncake(spec: HiCacheDeploymentSpec) -> list[Finding]:
+    """Where the master comes from, the managed master's settings, and RDMA."""
+    storage, out = spec.hicache.storage, []
+    mc = storage.mooncake
+    managed = mc.managed if mc else None
+    extra_master = storage.extra_config.get("master_server_address")
+    if managed is not None and (mc.master_address or extra_master):
+        out.append(finding("mooncake-master-source"))
+    if storage.backend == "mooncake" and not (mc and (mc.master_address or managed)) and not extra_master:
+        out.append(finding("mooncake-master-required"))
+    if managed is not None:
+        ports = [managed.rpc_port, managed.metrics_port]
+        if managed.http_metadata_server is not None:
+            ports.append(managed.http_metadata_server.port)
+        if len(set(ports)) != len(ports):
+            out.append(finding("mooncake-master-ports"))
+        if managed.ha is not None and managed.http_metadata_server is not None:
+            out.append(finding("mooncake-ha-http-metadata"))
+    if spec.rdma is not None:
+        if not RDMA_RESOURCE.fullmatch(spec.rdma.resource) or KUBERNETES_DOMAIN.match(spec.rdma.resource):
+            out.append(finding("rdma-resource"))
+        if spec.rdma.privileged:
+            out.append(finding("rdma-privileged"))
+    protocol = storage.extra_config.get("protocol") if storage.backend == "mooncake" else None
+    if spec.rdma is None and "rdma" in (protocol, mc.protocol if mc else None):
+        out.append(finding("rdma-without-device"))
+    return out
+
+
 def check_file_storage(spec: HiCacheDeploymentSpec) -> list[Finding]:
     """The file backend's directory, read as both engines read it: extraConfig file_storage_path,
     else /tmp/hicache (the pod's own emptyDir)."""
@@ -186,6 +230,9 @@ BUNDLED_BUILTINS = ("builtin:tiny", "builtin:small")
 
 # Kubernetes' own syntax (apimachinery validation), for the fields copied into the pod template.
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+RDMA_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+                           r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")  # rule rdma-resource (also its CEL)
+KUBERNETES_DOMAIN = re.compile(r"([^/]*\.)?kubernetes\.io/")
 RFC1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _NAME_PART = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
 QUALIFIED_NAME = re.compile(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME_PART}")
@@ -229,7 +276,7 @@ def _check_tolerations(tolerations: list[dict[str, Any]]) -> list[tuple[str, str
 
 def _check_volumes(spec: HiCacheDeploymentSpec) -> list[tuple[str, str]]:
     out = []
-    ours = set(render.OPERATOR_VOLUMES)
+    ours = set(render.operator_volumes(spec))
     names: set[str] = set(ours)
     for i, vol in enumerate(spec.extra_volumes):
         name = vol.get("name")
@@ -239,7 +286,7 @@ def _check_volumes(spec: HiCacheDeploymentSpec) -> list[tuple[str, str]]:
             taken = "the operator's own volume" if name in ours else "another extra volume"
             out.append((f"extraVolumes[{i}].name", f"{name!r} is already used by {taken}"))
         names.add(name)
-    paths = set(render.OPERATOR_VOLUMES.values())
+    paths = set(render.operator_volumes(spec).values())
     for i, mount in enumerate(spec.extra_volume_mounts):
         if mount.get("name") not in names:
             out.append((f"extraVolumeMounts[{i}].name", f"{mount.get('name')!r} is not a volume of the pod "
@@ -332,12 +379,22 @@ def check_pod_fields(spec: HiCacheDeploymentSpec, sizing_record: dict[str, Any] 
     return [finding("invalid-pod-field", field=f, problem=p) for f, p in problems]
 
 
-def normalise(spec: HiCacheDeploymentSpec) -> tuple[HiCacheDeploymentSpec, list[Finding]]:
-    """The effective spec and one finding per rewrite (in SGLang's order of _handle_hicache)."""
+def normalise(spec: HiCacheDeploymentSpec, name: str | None = None,
+              namespace: str = "default") -> tuple[HiCacheDeploymentSpec, list[Finding]]:
+    """The effective spec and one finding per rewrite (in SGLang's order of _handle_hicache).
+
+    A managed master's address (and its HTTP metadata server, when it runs one and
+    metadataServer is unset) becomes the effective mooncake settings; that needs the
+    deployment's ``name``, without which they stay unset."""
     d = spec.dump()
     hc = d["hicache"]
     st = hc["storage"]
     out: list[Finding] = []
+    managed = spec.hicache.storage.mooncake.managed if spec.hicache.storage.mooncake else None
+    if managed is not None and name is not None and "master_server_address" not in st["extraConfig"]:
+        st["mooncake"]["masterAddress"] = render.mooncake_master_address(managed, name, namespace)
+        if managed.http_metadata_server is not None and st["mooncake"].get("metadataServer") is None:
+            st["mooncake"]["metadataServer"] = render.mooncake_metadata_url(managed, name, namespace)
     if hc["memLayout"] == "page_first_direct" and hc["ioBackend"] == "kernel":
         hc["ioBackend"] = "direct"
         out.append(finding("page-first-direct-kernel-io"))
@@ -385,8 +442,8 @@ def check_memory_request(spec: HiCacheDeploymentSpec, record: sizing.SizingRecor
     return out
 
 
-def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[dict] | None = None,
-             pinned_sizing: Any = None) -> Outcome:
+def validate(raw_spec: dict[str, Any], *, name: str | None = None, namespace: str = "default",
+             nodes: list[dict] | None = None, pinned_sizing: Any = None) -> Outcome:
     """Parse, check, normalise and size one spec.
 
     ``nodes``: the cluster's nodes as API dicts, or None when unknown (then node-dependent rules
@@ -398,7 +455,7 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, nodes: list[d
     if spec is None:
         return Outcome(None, findings)
     findings += check_static(spec, name)
-    effective, notes = normalise(spec)
+    effective, notes = normalise(spec, name, namespace)
     findings += notes
     outcome = Outcome(effective, findings)
     if outcome.errors:

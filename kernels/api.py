@@ -67,22 +67,8 @@ def prepare_load(
     num_ctas: int | None = None,
 ) -> LayerLoads:
     """Check a host -> device load of every layer and place its indices, once."""
-    _check_layer_lists(device_k_layers, device_v_layers)
-    t = validate.check(
-        host_kv=host_kv,
-        device_k=list(device_k_layers),
-        device_v=None if device_v_layers is None else list(device_v_layers),
-        layer_begin=0,
-        all_layers=True,
-        host_indices=host_indices,
-        device_indices=device_indices,
-        layout=layout,
-        page_size=page_size,
-        to_host=False,
-        io_backend=io_backend,
-        num_ctas=num_ctas,
-    )
-    return LayerLoads(t)
+    return LayerLoads(_check_all_layers(host_kv, device_k_layers, device_v_layers, host_indices, device_indices,
+                                        layout, page_size, to_host=False, io_backend=io_backend, num_ctas=num_ctas))
 
 
 def load_per_layer(
@@ -133,21 +119,8 @@ def backup_all_layers(
     num_ctas: int | None = None,
 ) -> None:
     """Device -> host write-back of every layer."""
-    _check_layer_lists(device_k_layers, device_v_layers)
-    t = validate.check(
-        host_kv=host_kv,
-        device_k=list(device_k_layers),
-        device_v=None if device_v_layers is None else list(device_v_layers),
-        layer_begin=0,
-        all_layers=True,
-        host_indices=host_indices,
-        device_indices=device_indices,
-        layout=layout,
-        page_size=page_size,
-        to_host=True,
-        io_backend=io_backend,
-        num_ctas=num_ctas,
-    )
+    t = _check_all_layers(host_kv, device_k_layers, device_v_layers, host_indices, device_indices, layout, page_size,
+                          to_host=True, io_backend=io_backend, num_ctas=num_ctas)
     _run(t)
 
 
@@ -163,12 +136,28 @@ def backend_info() -> dict:
     }
 
 
-def _check_layer_lists(k_layers: object, v_layers: object) -> None:
-    for name, layers in (("device_k_layers", k_layers), ("device_v_layers", v_layers)):
+def _check_all_layers(host_kv: torch.Tensor, device_k_layers: list[torch.Tensor],
+                      device_v_layers: list[torch.Tensor] | None, host_indices: torch.Tensor,
+                      device_indices: torch.Tensor, layout: str, page_size: int, *, to_host: bool,
+                      io_backend: str, num_ctas: int | None) -> validate.Transfer:
+    """A transfer of every layer, checked in full (the lists are per-layer tensors)."""
+    for name, layers in (("device_k_layers", device_k_layers), ("device_v_layers", device_v_layers)):
         if layers is not None and not isinstance(layers, (list, tuple)):
-            raise TypeError(
-                f"{name} must be a list of per-layer tensors, got {type(layers).__name__}"
-            )
+            raise TypeError(f"{name} must be a list of per-layer tensors, got {type(layers).__name__}")
+    return validate.check(
+        host_kv=host_kv,
+        device_k=list(device_k_layers),
+        device_v=None if device_v_layers is None else list(device_v_layers),
+        layer_begin=0,
+        all_layers=True,
+        host_indices=host_indices,
+        device_indices=device_indices,
+        layout=layout,
+        page_size=page_size,
+        to_host=to_host,
+        io_backend=io_backend,
+        num_ctas=num_ctas,
+    )
 
 
 def _compiled(t: validate.Transfer) -> library.Library | None:

@@ -18,9 +18,10 @@ cd "$(dirname "$0")/.."
 CLUSTER="${KIND_CLUSTER:-hicache}"
 FAKE_GPUS="${FAKE_GPUS:-8}"
 VERSION="$(awk '/^appVersion:/ {gsub(/"/, "", $2); print $2}' charts/hicache-operator/Chart.yaml)"
-OPERATOR_IMAGE="hicache-operator:$VERSION"
-RUNTIME_IMAGE="hicache-runtime:$VERSION"
-ROUTER_IMAGE="hicache-router:$VERSION"
+# the names the chart and the samples use (the release process pushes them: docs/release.md)
+OPERATOR_IMAGE="ghcr.io/hicache-dev/hicache-operator:$VERSION"
+RUNTIME_IMAGE="ghcr.io/hicache-dev/hicache-runtime:$VERSION"
+ROUTER_IMAGE="ghcr.io/hicache-dev/hicache-router:$VERSION"
 KUBECONFIG_OUT="${XDG_CACHE_HOME:-$HOME/.cache}/hicache-operator/kind-$CLUSTER.kubeconfig"
 install_chart=1
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs on a fresh machine; idempotent and quick when warm.
 #   - a Python virtualenv in .venv with the package and its runtime/dev extras
+#   - the runtime's native CPU kernels (cache_runtime/cpu_kernels, built with g++)
 #   - the real Mooncake store (L3 tests) and its one system library
 #   - the real `sglang` package, oldest supported and newest checked release, for the tests
 #   - the embedded default checkpoint the samples, demo and e2e fleets serve (~0.5 GB)
@@ -20,6 +21,13 @@ if [[ ! -f "$stamp" ]]; then
   touch "$stamp"
 else
   echo "dependencies up to date"
+fi
+
+step "native CPU kernels for the runtime's decode path (g++; skipped when up to date)"
+if command -v "${CXX:-g++}" >/dev/null; then
+  "$VENV/bin/python" cache_runtime/cpu_kernels/build.py
+else
+  echo "no C++ compiler: the bundled runtime runs every op on torch"
 fi
 
 step "Mooncake store (real L3 backend)"

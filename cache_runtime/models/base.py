@@ -8,8 +8,8 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
+from cache_runtime.cpu_kernels import linear
 from cache_runtime.models.config import CheckpointError, ModelConfig
 
 Span = tuple[int, int]
@@ -121,4 +121,4 @@ class CausalLM:
         if not rows:
             return torch.empty(0, self.cfg.vocab_size, device=h.device)
         hl = h[torch.tensor(rows, device=h.device)]
-        return F.linear(rms_norm(hl, self.norm, self.cfg.rms_norm_eps), self.lm_head).float()
+        return linear(rms_norm(hl, self.norm, self.cfg.rms_norm_eps), self.lm_head).float()

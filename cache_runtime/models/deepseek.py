@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from cache_runtime.cpu_kernels import linear
 from cache_runtime.models.base import CausalLM, Shard, WeightSource, rows_of
 from cache_runtime.models.config import ModelConfig
 from cache_runtime.models.layers import ForwardBatch, paged_attention, rms_norm, write_kv
@@ -38,8 +39,8 @@ class _Mlp:
         self.w_down = w.get(f"{prefix}down_proj.weight", (H, size), dt, dev, cols=cols)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.w_gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.w_down)
+        gate, up = linear(x, self.w_gate_up).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.w_down)
 
 
 class _Experts:
@@ -57,7 +58,7 @@ class _Experts:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         moe = self.moe
-        scores = F.linear(x.float(), self.gate).sigmoid()
+        scores = linear(x.float(), self.gate).sigmoid()
         choice = scores + self.bias
         E, G = moe.n_routed_experts, moe.n_group
         group_scores = choice.view(-1, G, E // G).topk(min(2, E // G), dim=-1)[0].sum(dim=-1)
@@ -144,12 +145,12 @@ class DeepseekV3ForCausalLM(CausalLM):
         for i, L in enumerate(self.layers):
             x = rms_norm(h, L.ln1, eps)
             if L.wq_a is None:
-                q = F.linear(x, L.wq)
+                q = linear(x, L.wq)
             else:
-                q = F.linear(rms_norm(F.linear(x, L.wq_a, L.bq_a), L.q_a_norm, _LATENT_EPS), L.wq)
+                q = linear(rms_norm(linear(x, L.wq_a, L.bq_a), L.q_a_norm, _LATENT_EPS), L.wq)
             q = q.view(n, nh, dn + dr)
             q_nope, q_rot = q[..., :dn], self.rotary.apply(q[..., dn:], rot)
-            latent, k_rot = F.linear(x, L.wkv_a, L.bkv_a).split([kvr, dr], dim=-1)
+            latent, k_rot = linear(x, L.wkv_a, L.bkv_a).split([kvr, dr], dim=-1)
             latent = rms_norm(latent, L.kv_a_norm, _LATENT_EPS)
             k_rot = self.rotary.apply(k_rot.view(n, 1, dr), rot)
             if batch.wait_layer is not None:
@@ -159,7 +160,7 @@ class DeepseekV3ForCausalLM(CausalLM):
             q_lat = torch.einsum("nhd,hdk->nhk", q_nope, L.w_uk)
             attn = paged_attention(torch.cat([q_lat, q_rot], dim=-1), pool, pool[..., :kvr], plan, self.scale)
             o = torch.einsum("nhk,hvk->nhv", attn, L.w_uv)
-            o = sh.reduce(F.linear(o.reshape(n, -1), L.wo))
+            o = sh.reduce(linear(o.reshape(n, -1), L.wo))
             h = h + (o if L.bo is None else o + L.bo)
             h = h + sh.reduce(L.mlp(rms_norm(h, L.ln2, eps)))
         return self._logits(h, batch)

@@ -2,8 +2,10 @@
 
 Attention always reads K/V back from the L1 pool, also for tokens computed in the same step, so
 a prefix served from L1, L2 or L3 feeds attention exactly the bytes a cold prefill writes.
-Each sequence attends over its own gathered context: a decoding query in two small matmuls,
-a prefill chunk through SDPA, causal within the chunk.
+Decoding queries attend in one native call that reads K/V straight from the pool through each
+sequence's slots (``cache_runtime.cpu_kernels``, on CPU); elsewhere each sequence attends over its
+own gathered context: a decoding query in two small matmuls, a prefill chunk through SDPA, causal
+within the chunk.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from cache_runtime import cpu_kernels
+from cache_runtime.models.rope import Rotary
 
 
 @dataclass
@@ -71,12 +76,41 @@ class AttentionPlan:
                 q_pos = torch.arange(ctx - s.num_new, ctx, device=device)
                 mask = _allowed(q_pos, torch.arange(ctx, device=device), window)
             self.prefill.append((s, mask))
+        self._decode_index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def decode_index(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decode rows as the native kernel takes them: (rows, offsets into slots, all slots), int64."""
+        if self._decode_index is None:
+            lens = [0] + [slots.shape[0] for _, slots in self.decode]
+            self._decode_index = (torch.tensor([row for row, _ in self.decode], dtype=torch.int64),
+                                  torch.tensor(lens, dtype=torch.int64).cumsum_(0),
+                                  torch.cat([slots for _, slots in self.decode]).to(torch.int64))
+        return self._decode_index
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm: normalised in float32, cast back, then scaled."""
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h + delta, rms_norm of it): the residual stream and the next sublayer's input. Natively the
+    sum is written into ``h``, which must then be the caller's own tensor."""
+    if h.dim() == 2 and cpu_kernels.rows_supported(h, delta, weight):
+        return h, cpu_kernels.add_rms_norm(h, delta, weight, eps)
+    if delta is not None:
+        h = h + delta
+    return h, rms_norm(h, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of the fused [gate | up] projection."""
+    if gate_up.dim() == 2 and cpu_kernels.rows_supported(gate_up):
+        return cpu_kernels.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, plan: AttentionPlan,
@@ -103,6 +137,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         o = F.scaled_dot_product_attention(qs, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
                                            attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True)
         out[s.start : s.start + s.num_new] = o[0].transpose(0, 1)
+    if plan.decode and cpu_kernels.decode_attention_supported(q, k_pool, v_pool):
+        cpu_kernels.decode_attention(q, k_pool, v_pool, *plan.decode_index(), scale, out)
+        return out
     for row, slots in plan.decode:
         k, v = gather(slots)
         out[row] = _one_query(q[row], k, v, scale)
@@ -135,3 +172,20 @@ def _one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
 
 def write_kv(pool: torch.Tensor, slots: torch.Tensor, value: torch.Tensor) -> None:
     pool.index_copy_(0, slots, value.to(pool.dtype))
+
+
+def rotate_and_store(rotary: Rotary, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     table: tuple[torch.Tensor, torch.Tensor], k_pool: torch.Tensor, v_pool: torch.Tensor,
+                     slots: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on q and k, k and v written to their pool rows; returns the rotated q
+    (natively rotated in place, so q and k must be the caller's own tensors)."""
+    cos, sin = table
+    if (not rotary.interleave and v_pool.dtype == k_pool.dtype and v.stride(-1) == 1 and v_pool.stride(-1) == 1
+            and slots.dtype == torch.int64 and slots.is_contiguous()
+            and cpu_kernels.rope_store_supported(q, k, cos, k_pool)):
+        cpu_kernels.rope_store(q, k, v, cos, sin, k_pool, v_pool, slots)
+        return q
+    q, k = rotary.apply(q, table), rotary.apply(k, table)
+    write_kv(k_pool, slots, k)
+    write_kv(v_pool, slots, v)
+    return q

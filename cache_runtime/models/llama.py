@@ -13,9 +13,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from cache_runtime.cpu_kernels import linear
 from cache_runtime.models.base import CausalLM, Shard, WeightSource, rows_of
 from cache_runtime.models.config import ModelConfig
-from cache_runtime.models.layers import ForwardBatch, paged_attention, rms_norm, write_kv
+from cache_runtime.models.layers import (ForwardBatch, add_rms_norm, paged_attention, rms_norm, rotate_and_store,
+                                         silu_mul)
 from cache_runtime.models.rope import Rotary
 
 
@@ -74,21 +76,19 @@ class LlamaForCausalLM(CausalLM):
         nq, nkv = self.layers[0].heads
         h = F.embedding(batch.input_ids, self.embed)
         rot = self.rotary.table(batch.positions, self.dtype)
+        delta = None  # the last sublayer's output, added to h by the next norm
         for i, L in enumerate(self.layers):
-            x = rms_norm(h, L.ln1, eps)
-            q, k, v = F.linear(x, L.wqkv, L.bqkv).split([nq * D, nkv * D, nkv * D], dim=-1)
+            h, x = add_rms_norm(h, delta, L.ln1, eps)
+            q, k, v = linear(x, L.wqkv, L.bqkv).split([nq * D, nkv * D, nkv * D], dim=-1)
             q, k, v = q.view(n, nq, D), k.view(n, nkv, D), v.view(n, nkv, D)
             if L.q_norm is not None:
                 q, k = rms_norm(q, L.q_norm, eps), rms_norm(k, L.k_norm, eps)
-            q, k = self.rotary.apply(q, rot), self.rotary.apply(k, rot)
             if batch.wait_layer is not None:
                 batch.wait_layer(i)
-            write_kv(k_pool[i], batch.out_slots, k)
-            write_kv(v_pool[i], batch.out_slots, v)
+            q = rotate_and_store(self.rotary, q, k, v, rot, k_pool[i], v_pool[i], batch.out_slots)
             attn = paged_attention(q, k_pool[i], v_pool[i], batch.plan(L.window), self.scale)
-            o = sh.reduce(F.linear(attn.reshape(n, nq * D), L.wo))
-            h = h + (o if L.bo is None else o + L.bo)
-            gate, up = F.linear(rms_norm(h, L.ln2, eps), L.w_gate_up, L.b_gate_up).chunk(2, dim=-1)
-            down = sh.reduce(F.linear(F.silu(gate) * up, L.w_down))
-            h = h + (down if L.b_down is None else down + L.b_down)
-        return self._logits(h, batch)
+            o = sh.reduce(linear(attn.reshape(n, nq * D), L.wo))
+            h, x = add_rms_norm(h, o if L.bo is None else o + L.bo, L.ln2, eps)
+            down = sh.reduce(linear(silu_mul(linear(x, L.w_gate_up, L.b_gate_up)), L.w_down))
+            delta = down if L.b_down is None else down + L.b_down
+        return self._logits(h + delta, batch)

@@ -1,18 +1,20 @@
-"""Tensors of a Hugging Face safetensors checkpoint, read one at a time from memory-mapped files.
+"""Tensors of a Hugging Face safetensors checkpoint, read one at a time into their own memory.
 
 Single-file (``model.safetensors``) and sharded (``model.safetensors.index.json``) layouts. Each
-tensor is checked for presence, shape and a loadable dtype before it is converted, so a bad
-checkpoint fails at start with one message naming the file and the tensor. Every tensor is
-copied out of the mapping, and the files are closed after loading: only the copies stay resident.
+tensor is checked for presence, shape and a loadable dtype before it is read, so a bad checkpoint
+fails at start with one message naming the file and the tensor. Tensors are read with ``pread``
+straight into the buffer that keeps them (no memory mapping): the file's pages stay in the page
+cache, which is not the process's memory, so loading peaks at the weights plus one tensor.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import struct
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from cache_runtime.models.config import CheckpointError
 
@@ -20,13 +22,55 @@ from cache_runtime.models.config import CheckpointError
 LOADABLE = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+_MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+
+
+class _File:
+    """One safetensors file: its header, and reads of byte ranges of its data."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise CheckpointError(f"{path}: not a readable safetensors file: {exc}") from None
+        try:
+            size = os.fstat(self.fd).st_size
+            (n,) = struct.unpack("<Q", os.pread(self.fd, 8, 0))
+            if n > min(_MAX_HEADER, size - 8):
+                raise ValueError(f"header length {n} exceeds the file")
+            header = json.loads(os.pread(self.fd, n, 8))
+            header.pop("__metadata__", None)
+            self.data_start = 8 + n
+            self.tensors: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+            for name, info in header.items():
+                begin, end = info["data_offsets"]
+                if not 0 <= begin <= end <= size - self.data_start:
+                    raise ValueError(f"tensor {name}: data_offsets {[begin, end]} lie outside the file")
+                self.tensors[name] = (str(info["dtype"]), tuple(int(d) for d in info["shape"]), begin, end)
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            os.close(self.fd)
+            raise CheckpointError(f"{path}: not a readable safetensors file: {exc}") from None
+
+    def read(self, out: torch.Tensor, offset: int) -> None:
+        """Fills the contiguous ``out`` with the bytes at ``offset`` of the tensor data."""
+        view = memoryview(out.view(torch.uint8).reshape(-1).numpy())
+        done = 0
+        while done < len(view):
+            got = os.preadv(self.fd, [view[done:]], self.data_start + offset + done)
+            if got <= 0:
+                raise CheckpointError(f"{self.path}: file ends inside tensor data (offset {offset + done})")
+            done += got
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class CheckpointWeights:
     def __init__(self, model_dir: str | Path) -> None:
         self.dir = Path(model_dir)
         self._where: dict[str, Path] = {}
-        self._handles: dict[Path, object] = {}
+        self._files: dict[Path, _File] = {}
         index = self.dir / INDEX
         if index.exists():
             self._read_index(index)
@@ -57,18 +101,14 @@ class CheckpointWeights:
         for path in set(self._where.values()):
             self._open(path)
 
-    def _open(self, path: Path):
-        handle = self._handles.get(path)
-        if handle is None:
-            try:
-                handle = safe_open(str(path), framework="pt", device="cpu")
-            except Exception as exc:  # safetensors raises its own error types for corrupt headers
-                raise CheckpointError(f"{path}: not a readable safetensors file: {exc}") from None
-            self._handles[path] = handle
-        return handle
+    def _open(self, path: Path) -> _File:
+        f = self._files.get(path)
+        if f is None:
+            f = self._files[path] = _File(path)
+        return f
 
     def _add_file(self, path: Path) -> None:
-        for name in self._open(path).keys():
+        for name in self._open(path).tensors:
             self._where.setdefault(name, path)
 
     def names(self) -> set[str]:
@@ -77,14 +117,18 @@ class CheckpointWeights:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._slice(name).get_shape())
-
-    def _slice(self, name: str):
+    def _info(self, name: str) -> tuple[_File, tuple[str, tuple[int, ...], int, int]]:
         path = self._where.get(name)
         if path is None:
             raise CheckpointError(f"{self.dir}: tensor {name} is missing from the checkpoint")
-        return self._open(path).get_slice(name)
+        f = self._open(path)
+        info = f.tensors.get(name)
+        if info is None:
+            raise CheckpointError(f"{path}: tensor {name} is missing from the file")
+        return f, info
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._info(name)[1][1]
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
             rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> torch.Tensor:
@@ -92,26 +136,34 @@ class CheckpointWeights:
 
         ``rows``/``cols`` read only that range of dim 0 / dim 1 (tensor-parallel shards).
         """
-        sl = self._slice(name)
-        path = self._where[name]
-        got = tuple(sl.get_shape())
+        f, (src, got, begin, end) = self._info(name)
+        path = f.path
         if got != tuple(shape):
             raise CheckpointError(f"{path}: tensor {name} has shape {list(got)}, expected {list(shape)} from config.json")
-        src = sl.get_dtype()
         if src not in LOADABLE:
             raise CheckpointError(f"{path}: tensor {name} has dtype {src}; the bundled runtime loads "
                                   f"{', '.join(LOADABLE)} only")
-        if rows is not None and cols is not None:
-            t = sl[rows[0]:rows[1], cols[0]:cols[1]]
-        elif rows is not None:
-            t = sl[rows[0]:rows[1]]
-        elif cols is not None:
-            t = sl[:, cols[0]:cols[1]]
-        else:
-            t = sl[:]
-        # a copy even when the dtype already matches: a tensor read from the file is a view of its
-        # mapping, which would keep the file resident next to the fused copies made from it
-        return t.to(device=device, dtype=dtype, copy=True).contiguous()
+        stored = LOADABLE[src]
+        item = torch.empty((), dtype=stored).element_size()
+        numel = 1
+        for d in got:
+            numel *= d
+        if end - begin != numel * item:
+            raise CheckpointError(f"{path}: tensor {name} holds {end - begin} bytes, its shape and dtype need "
+                                  f"{numel * item}")
+        row_bytes = (numel // got[0]) * item if got else item
+        r0, r1 = rows if rows is not None else (0, got[0] if got else 1)
+        t = torch.empty((r1 - r0, *got[1:]), dtype=stored)
+        f.read(t, begin + r0 * row_bytes)  # rows are contiguous in the file: one read
+        if cols is not None:
+            t = t[:, cols[0]:cols[1]]
+        if not got:
+            t = t.reshape(())
+        if t.dtype == dtype and device.type == "cpu" and t.is_contiguous():
+            return t
+        return t.to(device=device, dtype=dtype).contiguous()
 
     def close(self) -> None:
-        self._handles.clear()
+        for f in self._files.values():
+            f.close()
+        self._files.clear()

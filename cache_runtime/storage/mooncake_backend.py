@@ -66,10 +66,16 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def wait_for_port(host: str, port: int, deadline_s: float) -> bool:
+def any_open(endpoints: list[tuple[str, int]], timeout: float = 0.5) -> bool:
+    return any(port_open(host, port, timeout=timeout) for host, port in endpoints)
+
+
+def wait_for_port(endpoints: list[tuple[str, int]], deadline_s: float) -> bool:
+    """Whether one of ``endpoints`` (the master, or the etcd members it is found through) accepts
+    a connection within ``deadline_s``."""
     end = time.monotonic() + deadline_s
     while True:
-        if port_open(host, port, timeout=min(0.5, max(0.05, end - time.monotonic()))):
+        if any_open(endpoints, timeout=min(0.5, max(0.05, end - time.monotonic()))):
             return True
         if time.monotonic() >= end:
             return False
@@ -118,12 +124,11 @@ class MooncakeStore(HiCacheStorage):
             raise ValueError("mooncake backend needs the mooncake package "
                              "(scripts/install-mooncake.sh installs mooncake-transfer-engine-non-cuda)") from exc
 
-        host, port = self.config.master_host_port
-        if not wait_for_port(host, port, master_wait_s):
+        if not wait_for_port(self.config.endpoints, master_wait_s):
             raise StorageUnavailable(f"mooncake master {self.config.master_server_address} "
                                      f"not reachable within {master_wait_s:.1f}s (config from {self.config.source})")
         if self.config.check_server:
-            self._wait_for_segments(host, master_wait_s)
+            self._wait_for_segments(self.config.endpoints[0][0], master_wait_s)
 
         # One setup attempt (~4.5 s) instead of Mooncake's default 20 (~90 s) when the master vanishes
         # between our port check and setup; an operator can still raise it in the pod env.
@@ -213,9 +218,8 @@ class MooncakeStore(HiCacheStorage):
                 raise StorageUnavailable(f"mooncake master {self.config.master_server_address}: "
                                          f"{self._degraded_reason}")
             self._last_probe = time.monotonic()
-        host, port = self.config.master_host_port
         # The RPC also flushes pooled connections to a dead master, which each fail once with RPC_FAIL.
-        if (not port_open(host, port) or self._store.health_check() != 0
+        if (not any_open(self.config.endpoints) or self._store.health_check() != 0
                 or self._store.batch_is_exist([_PROBE_KEY])[0] == RPC_FAIL):
             raise StorageUnavailable(f"mooncake master {self.config.master_server_address}: still unreachable")
         with self._state_lock:
@@ -403,8 +407,7 @@ class MooncakeStore(HiCacheStorage):
         if self._closed:
             return
         self._closed = True
-        host, port = self.config.master_host_port
-        if self.degraded or self._store.health_check() != 0 or not port_open(host, port):
+        if self.degraded or self._store.health_check() != 0 or not any_open(self.config.endpoints):
             log.warning("mooncake backend: master unreachable at close; leaving the client to process exit")
             self._abandon()
             return

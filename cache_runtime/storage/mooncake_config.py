@@ -4,6 +4,10 @@
 2. else the JSON file at ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``;
 3. else environment variables (``MOONCAKE_MASTER`` required).
 
+``master_server_address`` is ``host:port`` of the master, or ``etcd://host:port[;host:port...]``
+for highly available masters, whose elected leader the client finds in etcd (with the
+``MC_STORE_CLUSTER_ID`` the masters were started with).
+
 Whatever the source, a ``MOONCAKE_LOCAL_HOSTNAME`` (or legacy ``LOCAL_HOSTNAME``) in this
 process's environment replaces ``local_hostname``: the hostname is per pod (SGLang issue #23457:
 one hostname broadcast to every node made peers dial the wrong address), so the operator sets it
@@ -43,9 +47,28 @@ class MooncakeStoreConfig:
     source: str = field(default="", compare=False)  # where it came from, for logs and errors
 
     @property
-    def master_host_port(self) -> tuple[str, int]:
-        host, _, port = self.master_server_address.rpartition(":")
-        return host, int(port)
+    def through_etcd(self) -> bool:
+        return self.master_server_address.startswith(ETCD_PREFIX)
+
+    @property
+    def endpoints(self) -> list[tuple[str, int]]:
+        """Where the store is reached: the master, or each etcd member the leader is found through."""
+        return _endpoints(self.master_server_address)
+
+
+ETCD_PREFIX = "etcd://"
+
+
+def _endpoints(address: str) -> list[tuple[str, int]]:
+    """``host:port`` or ``etcd://host:port;host:port`` as (host, port) pairs; ValueError otherwise."""
+    parts = address[len(ETCD_PREFIX):].split(";") if address.startswith(ETCD_PREFIX) else [address]
+    out = []
+    for part in parts:
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{part!r} is not host:port")
+        out.append((host, int(port)))
+    return out
 
 
 def parse_segment_size(value, what: str = "global_segment_size") -> int:
@@ -80,9 +103,11 @@ def _build(fields: Mapping, source: str) -> MooncakeStoreConfig:
     master = fields.get("master_server_address")
     if not master:
         raise ValueError(f"mooncake config from {source}: master_server_address is required (host:port)")
-    host, sep, port = str(master).rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"mooncake config from {source}: master_server_address must be host:port, got {master!r}")
+    try:
+        _endpoints(str(master))
+    except ValueError:
+        raise ValueError(f"mooncake config from {source}: master_server_address must be host:port or "
+                         f"etcd://host:port[;host:port...], got {master!r}") from None
     cfg = MooncakeStoreConfig(master_server_address=str(master), source=source)
     if fields.get("local_hostname"):
         cfg.local_hostname = str(fields["local_hostname"])
@@ -103,6 +128,9 @@ def _build(fields: Mapping, source: str) -> MooncakeStoreConfig:
             raise ValueError(f"master_metrics_port must be an integer, got {fields['master_metrics_port']!r}") from exc
     if fields.get("check_server") is not None:
         cfg.check_server = _as_bool(fields["check_server"], "check_server")
+    if cfg.check_server and cfg.through_etcd:
+        raise ValueError(f"mooncake config from {source}: check_server reads the master's segment list, which an "
+                         "etcd:// address does not locate; leave check_server unset")
     return cfg
 
 

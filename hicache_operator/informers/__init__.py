@@ -6,7 +6,8 @@
   hear about at once (``pod_identity``), and the serving gates the operator's own patches set
   that the watch has not delivered yet;
 - ``routers``: the fleets' router pods (kopf's index);
-- ``slices``: the serving Services' EndpointSlices (kopf's index): the Service, pod IP -> ready.
+- ``slices``: the serving Services' EndpointSlices (kopf's index): the Service, pod IP -> ready;
+- ``masters``: the managed Mooncake masters' Deployments (kopf's index).
 
 The kopf handlers (``handlers``) fill these; the controller's workers read them.
 """
@@ -32,7 +33,9 @@ def pod_essence(body: Any) -> dict:
     return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations",
                                                "deletionTimestamp", "creationTimestamp") if k in meta},
             "status": {**{k: status[k] for k in ("phase", "podIP", "conditions") if k in status},
-                       "containerStatuses": [_container_essence(cs) for cs in status.get("containerStatuses") or []]}}
+                       "containerStatuses": [_container_essence(cs) for cs in status.get("containerStatuses") or []],
+                       "initContainerStatuses": [_container_essence(cs)
+                                                 for cs in status.get("initContainerStatuses") or []]}}
 
 
 def _container_essence(cs: dict) -> dict:
@@ -42,7 +45,18 @@ def _container_essence(cs: dict) -> dict:
         out["state"] = {"running": {"startedAt": state["running"].get("startedAt")}}
     elif state.get("waiting") is not None:
         out["state"] = {"waiting": {"reason": state["waiting"].get("reason")}}
+    # the last line the container wrote before it failed: why it cannot start (pods.unavailable_reason)
+    message = (((cs.get("lastState") or {}).get("terminated") or {}).get("message") or "").strip()
+    if message:
+        out["lastState"] = {"terminated": {"message": message.splitlines()[-1][:300]}}
     return out
+
+
+def master_essence(body: Any) -> dict:
+    """What status reads from a managed master's Deployment: desired and ready replicas."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    return {"name": (body.get("metadata") or {}).get("name"), "replicas": spec.get("replicas", 1),
+            "readyReplicas": status.get("readyReplicas") or 0}
 
 
 def pod_identity(body: Any, deleted: bool = False) -> tuple:
@@ -66,7 +80,7 @@ def slice_readiness(endpoint_slice: Mapping[str, Any]) -> dict[str, bool]:
 
 
 class Informers:
-    """The caches (see the module docstring). ``pods``/``routers``/``slices``: kopf's indexes,
+    """The caches (see the module docstring). ``pods``/``routers``/``slices``/``masters``: kopf's indexes,
     mappings of (namespace, deployment) -> fleet pod essences, router pod essences, and (the
     serving Service's name, slice readiness) per slice."""
 
@@ -76,6 +90,7 @@ class Informers:
         self.pods: Mapping[Key, Any] = {}
         self.routers: Mapping[Key, Any] = {}
         self.slices: Mapping[Key, Any] = {}
+        self.masters: Mapping[Key, Any] = {}
         self._guard = threading.Lock()
         self._identities: dict[tuple[Key, str], tuple] = {}  # (deployment, pod) -> pod_identity
         self._slice_readiness: dict[tuple[str, str], dict[str, bool]] = {}  # (namespace, slice) -> IP -> ready
@@ -120,6 +135,12 @@ class Informers:
     def live_pods(self, key: Key) -> list[dict]:
         """The deployment's pods as the watch last saw them (kopf's own objects: read only)."""
         return list(self.pods.get(key, []))
+
+    def master(self, key: Key) -> dict | None:
+        """The deployment's managed master Deployment (``master_essence``) as the watch last saw
+        it; None when there is none."""
+        found = list(self.masters.get(key, []))
+        return dict(found[0]) if found else None
 
     def cached_pods(self, key: Key) -> list[dict]:
         """The deployment's pods as the watch last saw them (copies: a reconcile edits its own),

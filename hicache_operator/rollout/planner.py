@@ -71,7 +71,7 @@ its target is no swap, and the attach already failed once. It is listed in
 Restarts share the budget and the drain. A pod that runs an older pod template
 than its StatefulSet now carries (``stale_template``: a new image, model or
 engine flag) gets a record with purpose ``restart``: taken out of serving,
-drained like a swap, then deleted (``DeletePod``, stage Restarting) so the
+drained like a swap (a runtime that does not answer counts as busy), then deleted (``DeletePod``, stage Restarting) so the
 StatefulSet creates it again from the new template; the record ends when the
 pod is gone. Highest ordinal first, before any swap (a restarted pod starts on
 the target storage config). A stale pod that is not serving anyway is deleted
@@ -263,10 +263,11 @@ class _Planner:
             self._act(name, rec, SetRouted(name, rec.uid, False))
 
     def _draining_for_restart(self, name: str, rec: PodSwap, obs: PodObservation, fresh: bool) -> bool:
-        """Delete the pod once drained (or once its runtime is gone, unreachable and the pod not
-        Ready: nothing left to drain; one failed read is not that), or when the drain times out."""
+        """Delete the pod once drained (out of serving, off every router, idle), or when the drain
+        times out. A runtime that does not answer is not taken as drained: a read that timed out
+        may hide requests still running."""
         out = obs.serving_gate is False and obs.endpoint_ready is not True and obs.unrouted
-        if fresh and out and (obs.idle or not obs.reachable and obs.ready is False):
+        if fresh and out and obs.reachable and obs.idle:
             self._delete(name, rec)
             return False
         if self._timed_out(rec):

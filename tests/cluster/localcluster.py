@@ -34,6 +34,7 @@ BUILD_SCRIPT = REPO / "tests" / "cluster" / "tools" / "build.sh"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "podrunner")
 PROCESS_BACKED_ANNOTATION = "hicache.dev/process-backed"
 GPU_RESOURCE = "nvidia.com/gpu"
+RDMA_RESOURCE = "rdma/hca_shared_devices_a"  # as the RDMA shared device plugin advertises it
 
 
 @dataclass
@@ -43,6 +44,7 @@ class NodeSpec:
     gpus: int = 8
     memory: str = "1Ti"
     cpu: str = "128"
+    rdma: int = 0  # RDMA devices (RDMA_RESOURCE)
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[dict] = field(default_factory=list)
 
@@ -61,7 +63,7 @@ LOOPBACK_NET = Network("127.1.0.0/17", "127.1.128.0/17", "127.0.0.0/24", False)
 
 def default_nodes(n_gpu: int = 3, n_cpu: int = 1) -> list[NodeSpec]:
     """GPU nodes cycle through 1Ti, 512Gi and 2Ti of memory (the samples' messages name gpu-1)."""
-    nodes = [NodeSpec(f"gpu-{i}", gpus=8, memory=("1Ti", "512Gi", "2Ti")[i % 3],
+    nodes = [NodeSpec(f"gpu-{i}", gpus=8, rdma=8, memory=("1Ti", "512Gi", "2Ti")[i % 3],
                       labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
              for i in range(n_gpu)]
     nodes += [NodeSpec(f"cpu-{i}", gpus=0, memory="256Gi") for i in range(n_cpu)]
@@ -124,6 +126,16 @@ class LocalCluster:
     @property
     def logdir(self) -> Path:
         return self.workdir / "logs"
+
+    @property
+    def images_dir(self) -> Path:
+        """Image volumes' files (see ``podrunner.image_volume_dir``)."""
+        return self.workdir / "images"
+
+    def image_volume(self, reference: str) -> Path:
+        """The directory a process-backed pod's image volume of ``reference`` mounts."""
+        from .podrunner import image_volume_dir
+        return image_volume_dir(self.images_dir, reference)
 
     @property
     def server(self) -> str:
@@ -235,6 +247,8 @@ class LocalCluster:
             "--authorization-mode=Node,RBAC", "--allow-privileged=true",
             "--enable-priority-and-fairness=false", f"--profiling={str(self.profiling).lower()}",
             "--endpoint-reconciler-type=none",
+            # image volumes (volumes[].image): beta and off by default in 1.34, on from 1.35
+            "--feature-gates=ImageVolume=true",
             "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000",
             "--v=1"])
 
@@ -295,7 +309,7 @@ class LocalCluster:
         self._spawn("podrunner", [
             sys.executable, "-m", "tests.cluster.podrunner", f"--kubeconfig={self.kubeconfig}",
             f"--workdir={self.workdir / 'pods'}", f"--cidr={self.network.runner_cidr}",
-            f"--apiserver-port={self.ports['apiserver']}"],
+            f"--apiserver-port={self.ports['apiserver']}", f"--images-dir={self.images_dir}"],
             # the sglang shim: `python -m sglang.launch_server` runs our runtime in SGLang mode
             env={**self.env(), "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'cluster' / 'sglang_shim'}"})
 
@@ -310,6 +324,8 @@ class LocalCluster:
         res = {"cpu": spec.cpu, "memory": spec.memory, "pods": "110"}
         if spec.gpus:
             res[GPU_RESOURCE] = str(spec.gpus)
+        if spec.rdma:
+            res[RDMA_RESOURCE] = str(spec.rdma)
         labels = {"type": "kwok", "kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux",
                   "kubernetes.io/arch": "amd64", **spec.labels}
         ip = self.node_ip(i) if self.network.endpoints_work else "127.0.0.1"

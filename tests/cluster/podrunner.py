@@ -1,7 +1,9 @@
 """A minimal kubelet for simulated nodes: runs opted-in pods as real local processes.
 
 Pods annotated `hicache.dev/process-backed: "true"` and bound to a node are started
-here instead of by KWOK: the first container's command and args run with the pod's
+here instead of by KWOK: the init containers run first, in order, each to a successful exit
+(a failed one is restarted with backoff, as restartPolicy Always has it, and reported in
+initContainerStatuses), then the first container's command and args run with the pod's
 environment (downward-API fields, Secret and ConfigMap references and `$(VAR)`
 expansion resolved as a kubelet would), at an address from `--cidr` added to the
 private namespace's `lo`. Probes (httpGet) follow kubelet rules: the startupProbe gates the others, the
@@ -18,9 +20,19 @@ cluster run on machines of their own, and a kubelet puts all pods under one `kub
 cgroup. During a 64-pod backend swap that made every etcd request take ~50 ms (10 ms with
 the pods in one group) and every API call ~0.15 s.
 
+Service names: there is no cluster DNS or kube-proxy, so a pod's process gets an /etc/hosts
+of its own (bind-mounted in a mount namespace of its own, as a kubelet manages a pod's
+/etc/hosts) that maps `<svc>`, `<svc>.<ns>`, `<svc>.<ns>.svc` and `<svc>.<ns>.svc.cluster.local`
+of every Service in its namespace that has a ready endpoint when the process starts to that
+endpoint's address (a ClusterIP would lead to a ready endpoint too). Services that get their first
+ready endpoint later are not in it until the process restarts; forked (zygote) processes get none.
+
 Volumes: configMap, secret, emptyDir and the service-account token are materialised
-under the pod's own directory, hostPath is the machine's own directory, and mount paths that
-appear in args or env values are rewritten to them, since pods share this machine's filesystem.
+under the pod's own directory, hostPath is the machine's own directory, a persistentVolumeClaim
+is the directory of the hostPath (or local) PersistentVolume it is bound to, an image volume is
+`--images-dir`/<the reference, URL-quoted> (`image_volume_dir`: a test puts the image's files
+there, as a registry would hold them), and mount paths that appear in args or env values are
+rewritten to them, since pods share this machine's filesystem.
 The runtime image's checkpoint directory (/opt/hicache/models) is this machine's model cache
 (HICACHE_MODELS_DIR, else ~/.cache/hicache-operator/models, filled by scripts/setup.sh), as
 the local code stands in for the image's. The token volume becomes
@@ -36,7 +48,7 @@ never written again; forked children share it copy-on-write, so a 64-pod fleet f
 memory that 24 separately started runtimes took. Any other command is started with exec. Not
 yet the default: the e2e suite has not been run with it enough to trust it there.
 
-Run: python -m tests.cluster.podrunner --kubeconfig K --workdir D --cidr 10.244.128.0/17
+Run: python -m tests.cluster.podrunner --kubeconfig K --workdir D --cidr 10.244.128.0/17 --images-dir I
 """
 from __future__ import annotations
 
@@ -61,6 +73,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import yaml
@@ -113,6 +126,11 @@ def local_models_dir() -> Path:
     return Path(os.environ.get("HICACHE_MODELS_DIR") or Path.home() / ".cache" / "hicache-operator" / "models")
 
 
+def image_volume_dir(images_dir: Path, reference: str) -> Path:
+    """Where an image volume's files are: one directory per image reference."""
+    return Path(images_dir) / quote(reference, safe="")
+
+
 class IpPool:
     def __init__(self, cidr: str):
         self.hosts = ipaddress.ip_network(cidr).hosts()
@@ -147,6 +165,8 @@ class PodWorker(threading.Thread):
         self.stop_event = threading.Event()
         self.wake = threading.Event()  # the pod object changed: look again now, not at the next tick
         self.last_status: tuple | None = None
+        self.init_statuses: list[dict] = []  # initContainerStatuses, as a kubelet reports them
+        self.initialized = not pod["spec"].get("initContainers")
         # condition -> (status, lastTransitionTime); not ready from before its container starts
         self.transitions: dict[str, tuple[bool, str]] = {"ContainersReady": (False, now()), "Ready": (False, now())}
         self.liveness_failures = 0
@@ -159,14 +179,38 @@ class PodWorker(threading.Thread):
     def container(self) -> dict:
         return self.pod["spec"]["containers"][0]
 
-    def _mounts(self) -> dict[str, Path]:
+    def _claim_dir(self, claim: str) -> Path:
+        """The directory of the hostPath or local PersistentVolume the claim is bound to."""
+        pvc = self.runner.core.read_namespaced_persistent_volume_claim(claim, self.ns)
+        if not pvc.spec.volume_name or (pvc.status.phase or "") != "Bound":
+            raise ValueError(f"PersistentVolumeClaim {claim} is not bound")
+        pv = self.runner.core.read_persistent_volume(pvc.spec.volume_name)
+        source = pv.spec.host_path or pv.spec.local
+        if source is None:
+            raise ValueError(f"PersistentVolume {pv.metadata.name} is neither hostPath nor local")
+        return Path(source.path)
+
+    def _node_dir(self, volume: dict) -> Path | None:
+        """A volume that is a directory of the node itself (hostPath, a claim's volume, an image)."""
+        if "hostPath" in volume:
+            return Path(volume["hostPath"]["path"])
+        if "persistentVolumeClaim" in volume:
+            return self._claim_dir(volume["persistentVolumeClaim"]["claimName"])
+        if "image" in volume:
+            found = image_volume_dir(self.runner.images_dir, volume["image"]["reference"])
+            if not found.is_dir():
+                raise ValueError(f"ErrImagePull: image {volume['image']['reference']} not found ({found})")
+            return found
+        return None
+
+    def _mounts(self, container: dict) -> dict[str, Path]:
         vols = {v["name"]: v for v in self.pod["spec"].get("volumes", [])}
         api = self.runner.core
         mounts: dict[str, Path] = {IMAGE_MODELS: local_models_dir()}
-        for m in self.container().get("volumeMounts", []):
+        for m in container.get("volumeMounts", []):
             v = vols.get(m["name"], {})
-            if "hostPath" in v:  # the node's own directory, as a kubelet mounts it
-                host = Path(v["hostPath"]["path"])
+            host = self._node_dir(v)
+            if host is not None:  # the node's own directory, as a kubelet mounts it
                 mounts[m["mountPath"].rstrip("/")] = host / m["subPath"] if m.get("subPath") else host
                 continue
             local = self.dir / "volumes" / m["name"]
@@ -205,9 +249,9 @@ class PodWorker(threading.Thread):
         (local / "kubeconfig").write_text(yaml.safe_dump(kc))
         self.sa_kubeconfig = local / "kubeconfig"
 
-    def _env(self, mounts: dict[str, Path]) -> dict[str, str]:
+    def _env(self, c: dict, mounts: dict[str, Path]) -> dict[str, str]:
         env: dict[str, str] = {}
-        c, api = self.container(), self.runner.core
+        api = self.runner.core
         for src in c.get("envFrom", []):
             prefix = src.get("prefix", "")
             if "configMapRef" in src:
@@ -248,10 +292,36 @@ class PodWorker(threading.Thread):
         return re.sub(rf"(?<![\w/])({alternatives})(?=/|$|\W)", lambda m: str(mounts[m.group(1)]), value)
 
     # -- process -------------------------------------------------------------------------
-    def _start_process(self) -> None:
-        mounts = self._mounts()
-        pod_env = self._env(mounts)
-        c = self.container()
+    def _service_hosts(self) -> list[str]:
+        """/etc/hosts lines for the Services of the pod's namespace with a ready endpoint."""
+        slices = client.DiscoveryV1Api(self.runner.core.api_client).list_namespaced_endpoint_slice(self.ns).items
+        lines = {}
+        for sl in slices:
+            svc = (sl.metadata.labels or {}).get("kubernetes.io/service-name")
+            ready = [a for ep in sl.endpoints or [] if ep.conditions and ep.conditions.ready for a in ep.addresses]
+            if svc and ready and svc not in lines:
+                names = (svc, f"{svc}.{self.ns}", f"{svc}.{self.ns}.svc", f"{svc}.{self.ns}.svc.cluster.local")
+                lines[svc] = f"{sorted(ready)[0]}\t{' '.join(names)}"
+        return list(lines.values())
+
+    def _with_hosts(self, argv: list[str]) -> list[str]:
+        """``argv`` run in a mount namespace whose /etc/hosts also names the namespace's Services."""
+        entries = self._service_hosts()
+        if not entries:
+            return argv
+        hosts = self.dir / "hosts"
+        hosts.write_text(Path("/etc/hosts").read_text() + "\n# Services (tests/cluster/podrunner.py)\n"
+                         + "\n".join(entries) + "\n")
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *argv]
+
+    def _log(self, c: dict) -> Path:
+        inits = {i["name"] for i in self.pod["spec"].get("initContainers") or []}
+        return self.dir / (f"init-{c['name']}.log" if c["name"] in inits else "container.log")
+
+    def _start_process(self, c: dict) -> None:
+        mounts = self._mounts(c)
+        pod_env = self._env(c, mounts)
         argv = [self._rewrite(expand(a, pod_env), mounts) for a in (c.get("command") or []) + (c.get("args") or [])]
         if not argv:
             raise ValueError("container has no command: process-backed pods need one")
@@ -260,16 +330,16 @@ class PodWorker(threading.Thread):
         if getattr(self, "sa_kubeconfig", None):
             env["KUBECONFIG"] = str(self.sa_kubeconfig)
         self.dir.mkdir(parents=True, exist_ok=True)
-        logf = open(self.dir / "container.log", "ab")
+        logf = open(self._log(c), "ab")
         logf.write(f"--- start {now()} (restart {self.restarts}): {argv}\n".encode())
         logf.flush()
         zygote = self.runner.zygote_for(argv, env)
         if zygote is not None:
             logf.close()
-            self.proc = zygote.spawn(argv, env, self.dir, self.dir / "container.log")
+            self.proc = zygote.spawn(argv, env, self.dir, self._log(c))
         else:
-            self.proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=logf, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, process_group=0)
+            self.proc = subprocess.Popen(self._with_hosts(argv), env=env, cwd=self.dir, stdout=logf,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
             logf.close()
         self.started_at = now()
         self.process_started = time.monotonic()
@@ -315,13 +385,14 @@ class PodWorker(threading.Thread):
         return all(conds.get(g["conditionType"]) == "True" for g in self.pod["spec"].get("readinessGates") or [])
 
     # -- status ----------------------------------------------------------------------------
-    def _termination_message(self, code: int) -> str:
+    def _termination_message(self, code: int, c: dict | None = None) -> str:
         """terminationMessagePolicy FallbackToLogsOnError, as a kubelet applies it: on a failed exit,
         the log's last 80 lines or 2048 bytes, whichever is less."""
-        if not code or self.container().get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        c = c or self.container()
+        if not code or c.get("terminationMessagePolicy") != "FallbackToLogsOnError":
             return ""
         try:
-            with open(self.dir / "container.log", "rb") as f:
+            with open(self._log(c), "rb") as f:
                 f.seek(0, os.SEEK_END)
                 f.seek(max(0, f.tell() - 2048))
                 tail = f.read().decode("utf-8", errors="replace")
@@ -332,21 +403,23 @@ class PodWorker(threading.Thread):
     def _patch_status(self, containers_ready: bool, running: bool, last_exit: int | None = None) -> None:
         ready = containers_ready and self._gates_ok()
         started = running and getattr(self, "started", False)  # the kubelet's: startup probe passed
-        key = (containers_ready, ready, started, running, self.restarts)
+        key = (containers_ready, ready, started, running, self.restarts, json.dumps(self.init_statuses))
         if key == self.last_status:
             return
         c = self.container()
         state = {"running": {"startedAt": self.started_at}} if running else \
+            {"waiting": {"reason": "PodInitializing"}} if not self.initialized else \
             {"waiting": {"reason": "CrashLoopBackOff", "message": f"exited with {last_exit}"}}
         last_state = {}
         if not running and last_exit is not None:
             last_state = {"terminated": {"exitCode": last_exit, "reason": "Error" if last_exit else "Completed",
                                          "message": self._termination_message(last_exit)}}
         body = {"status": {
-            "phase": "Running", "hostIP": self.host_ip, "hostIPs": [{"ip": self.host_ip}],
-            "podIP": self.ip, "podIPs": [{"ip": self.ip}], "startTime": self.started_at,
-            "conditions": [self._condition("Initialized", True), self._condition("ContainersReady", containers_ready),
-                           self._condition("Ready", ready)],
+            "phase": "Running" if self.initialized else "Pending", "hostIP": self.host_ip,
+            "hostIPs": [{"ip": self.host_ip}], "podIP": self.ip, "podIPs": [{"ip": self.ip}],
+            "startTime": self.started_at, "initContainerStatuses": self.init_statuses,
+            "conditions": [self._condition("Initialized", self.initialized),
+                           self._condition("ContainersReady", containers_ready), self._condition("Ready", ready)],
             "containerStatuses": [{"name": c["name"], "image": c.get("image", ""), "imageID": "",
                                    "ready": containers_ready, "started": started,
                                    "restartCount": self.restarts, "state": state,
@@ -371,11 +444,47 @@ class PodWorker(threading.Thread):
         return {"type": ctype, "status": str(status), "lastTransitionTime": self.transitions[ctype][1]}
 
     # -- main loop --------------------------------------------------------------------------
+    def _run_init(self) -> bool:
+        """The init containers in order, each to a successful exit; a failed one is restarted with
+        backoff. False when the pod is deleted meanwhile."""
+        inits = self.pod["spec"].get("initContainers") or []
+        self.init_statuses = [{"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+                               "started": False, "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}},
+                               "lastState": {}} for c in inits]
+        for c, st in zip(inits, self.init_statuses):
+            backoff = 1.0
+            while True:
+                self._start_process(c)
+                st.update(started=True, state={"running": {"startedAt": self.started_at}})
+                self._patch_status(False, False)
+                code = self.proc.poll()
+                while code is None:
+                    if self.stop_event.wait(TICK):
+                        return False
+                    code = self.proc.poll()
+                if code == 0:
+                    st.update(ready=True, started=False, state={"terminated": {
+                        "exitCode": 0, "reason": "Completed", "startedAt": self.started_at, "finishedAt": now()}})
+                    break
+                st.update(started=False, restartCount=st["restartCount"] + 1,
+                          state={"waiting": {"reason": "CrashLoopBackOff", "message": f"exited with {code}"}},
+                          lastState={"terminated": {"exitCode": code, "reason": "Error",
+                                                    "message": self._termination_message(code, c)}})
+                self._patch_status(False, False)
+                if self.stop_event.wait(backoff):
+                    return False
+                backoff = min(backoff * 2, 10)
+        self.initialized = True
+        return True
+
     def run(self) -> None:
         try:
             if not self.pod["spec"].get("hostNetwork"):
                 netns.add_address(self.ip)
-            self._start_process()
+            if not self._run_init():
+                self._cleanup()
+                return
+            self._start_process(self.container())
         except Exception as e:  # a pod that cannot start stays not-ready, like a kubelet would
             log.exception("cannot start %s/%s", self.ns, self.name)
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -402,7 +511,7 @@ class PodWorker(threading.Thread):
                     break
                 backoff = min(backoff * 2, 10)
                 self.restarts += 1
-                self._start_process()
+                self._start_process(self.container())
                 continue
             self._run_probes(rp, lp, sp)
             self._patch_status(self.ready, True)
@@ -627,12 +736,13 @@ def _zygote_child(req: dict) -> None:
 
 
 class Runner:
-    def __init__(self, kubeconfig: str, workdir: Path, cidr: str, apiserver_port: int):
+    def __init__(self, kubeconfig: str, workdir: Path, cidr: str, apiserver_port: int, images_dir: Path):
         api = config.new_client_from_config(config_file=kubeconfig)
         self.core = client.CoreV1Api(api)
         self.server = api.configuration.host
         self.ca_file = api.configuration.ssl_ca_cert
         self.workdir = workdir
+        self.images_dir = images_dir
         self.pool = IpPool(cidr)
         self.apiserver_port = apiserver_port
         self.workers: dict[str, PodWorker] = {}
@@ -742,15 +852,16 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--cidr")
     ap.add_argument("--apiserver-port", type=int)
+    ap.add_argument("--images-dir", type=Path, help="image volumes: <dir>/<reference, URL-quoted>")
     args = ap.parse_args()
     if args.zygote is not None:
         zygote_main([m for m in args.zygote.split(",") if m])
         return
-    if None in (args.kubeconfig, args.workdir, args.cidr, args.apiserver_port):
-        ap.error("--kubeconfig, --workdir, --cidr and --apiserver-port are required")
+    if None in (args.kubeconfig, args.workdir, args.cidr, args.apiserver_port, args.images_dir):
+        ap.error("--kubeconfig, --workdir, --cidr, --apiserver-port and --images-dir are required")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    runner = Runner(args.kubeconfig, args.workdir, args.cidr, args.apiserver_port)
+    runner = Runner(args.kubeconfig, args.workdir, args.cidr, args.apiserver_port, args.images_dir)
     signal.signal(signal.SIGTERM, runner.shutdown)
     runner.run()
 

@@ -16,7 +16,8 @@ import pytest
 
 from hicache_operator import engine_versions
 from tests.e2e.gateway import Gateway
-from tests.e2e.helpers import condition, kget, skip_without_pod_network_or_mooncake, start_operator, wait_for
+from tests.e2e.helpers import (condition, kget, l3_hit_across_pods, skip_without_pod_network_or_mooncake,
+                               start_operator, wait_for)
 from tests.support.mooncake import free_port, start_master
 
 pytestmark = pytest.mark.e2e
@@ -120,28 +121,6 @@ def swap_done(env, backend: str, policy: str | None = None, name: str = NAME) ->
     return fleet_ready(env, name)
 
 
-def l3_hit_across_pods(env, name: str = NAME) -> int:
-    """A prompt served by one pod is found in L3 by another (cache hits resume from L3): the
-    first request to pod B for a prompt only pod A has served reports storage-tier hits.
-
-    Only that first request counts, and every attempt's prompt differs from its first byte: a
-    B that asked before A's write landed computes the prompt itself, so any later hit on B
-    could be its own pages. The swaps use the prefetch policies that wait for the prefetch
-    (wait_complete, timeout); with best_effort an idle pod starts the request at once and ends
-    the prefetch before a page has arrived, as SGLang does, so a hit there is down to timing."""
-    ps = sorted(pods(env, name), key=lambda p: p["metadata"]["name"])
-    a, b = ps[0]["status"]["podIP"], ps[1]["status"]["podIP"]
-
-    def attempt() -> int:
-        prompt = f"{random.random()} shared by two pods " + "lorem ipsum dolor sit amet " * 30
-        body = {"text": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
-        assert httpx.post(f"http://{a}:30000/generate", json=body, timeout=60).status_code == 200
-        time.sleep(2.0)  # let A's write-through to L3 land (0.5 s was sometimes short on a loaded machine)
-        r = httpx.post(f"http://{b}:30000/generate", json=body, timeout=60)
-        return (r.json()["meta_info"].get("cached_tokens_details") or {}).get("storage", 0)
-    return wait_for(attempt, timeout=60, interval=0.5, what="L3 hit on another pod")
-
-
 def test_live_swaps_under_load_with_zero_failed_requests(env):
     c = env["cluster"]
     c.kubectl_apply([deployment(env)])
@@ -160,7 +139,7 @@ def test_live_swaps_under_load_with_zero_failed_requests(env):
                      what=f"swap to {backend} {policy or ''} complete")
             assert not gw.report.failures, gw.report.failures[:3]
             if backend != "none":
-                assert l3_hit_across_pods(env) > 0
+                assert l3_hit_across_pods(c, env["ns"], NAME) > 0
             table = c.kubectl("get", "hcd", NAME, "-n", env["ns"]).stdout
             assert f"{REPLICAS}/{REPLICAS}" in table, table
     finally:
@@ -237,8 +216,8 @@ def test_unreachable_mooncake_master_rolls_back_and_stops(env):
 
 def test_sglang_engine_swap_through_sglang_api_only(env):
     """engine: sglang pods run `python -m sglang.launch_server` (in the local cluster: the bundled
-    runtime in SGLang-compatibility mode, which has no drain switch and no /ready), so the swap
-    must work through SGLang's own routes, auth header and metrics alone; clients go through the
+    runtime in SGLang-compatibility mode, after real SGLang parsed its arguments), so the swap must
+    work through SGLang's own routes, auth header and metrics alone; clients go through the
     router, which gives the pods their API key."""
     c, name = env["cluster"], "sgl"
     doc = deployment(env, name=name, replicas=2)
@@ -250,7 +229,6 @@ def test_sglang_engine_swap_through_sglang_api_only(env):
     pod = pods(env, name)[0]
     assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "sglang.launch_server"]
     ip = pod["status"]["podIP"]
-    assert httpx.get(f"http://{ip}:30000/ready", timeout=5).status_code == 404  # SGLang has no such route
     # clients need the generated key: SGLang would answer /server_info (admin key included) to anyone
     secret = kget(c, "secret", f"{name}-api", "-n", env["ns"])
     api_key = base64.b64decode(secret["data"]["api-key"]).decode()

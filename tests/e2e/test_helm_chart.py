@@ -275,9 +275,10 @@ NAMESPACED_ALLOWED = [
     ("patch", "hicachedeployments.hicache.dev", "status"),
     *((v, "statefulsets.apps", None) for v in ("get", "create", "patch")),
     *((v, r, None) for r in ("services", "configmaps", "poddisruptionbudgets.policy") for v in ("create", "patch")),
-    ("get", "secrets", None), ("create", "secrets", None),
-    *((v, "pods", None) for v in ("list", "watch", "delete")),
-    ("patch", "pods", "status"),
+    *((v, "deployments.apps", None) for v in ("list", "watch", "create", "patch", "delete")),  # a managed master
+    ("delete", "services", None),
+    ("get", "secrets", None), ("create", "secrets", None), ("get", "persistentvolumeclaims", None),
+    *((v, "pods", None) for v in ("list", "watch", "patch", "delete")),  # patch: the serving label
     ("list", "endpointslices.discovery.k8s.io", None), ("watch", "endpointslices.discovery.k8s.io", None),
     ("create", "events", None),
 ]
@@ -286,12 +287,14 @@ NAMESPACED_DENIED = [
     ("delete", "hicachedeployments.hicache.dev", None), ("update", "hicachedeployments.hicache.dev", None),
     ("patch", "hicachedeployments.hicache.dev", None),  # no finalizer, no annotations: only status is written
     ("create", "hicachedeployments.hicache.dev", None),
-    ("delete", "statefulsets.apps", None), ("delete", "services", None), ("delete", "configmaps", None),
+    ("delete", "statefulsets.apps", None), ("delete", "configmaps", None), ("update", "deployments.apps", None),
     ("get", "configmaps", None), ("create", "pods", None), ("create", "pods", "exec"), ("get", "pods", "log"),
-    ("create", "deployments.apps", None), ("create", "roles.rbac.authorization.k8s.io", None),
+    ("get", "deployments.apps", None), ("create", "roles.rbac.authorization.k8s.io", None),
     ("create", "rolebindings.rbac.authorization.k8s.io", None), ("create", "serviceaccounts", "token"),
     ("patch", "endpointslices.discovery.k8s.io", None), ("get", "services", None),
-    ("patch", "pods", None),  # the gate and the storage annotations go through pods/status
+    ("patch", "pods", "status"),  # serving is a label: the operator writes no pod condition
+    ("list", "persistentvolumeclaims", None), ("create", "persistentvolumeclaims", None),
+    ("delete", "persistentvolumeclaims", None),  # a model cache is never the operator's to remove
 ]
 CLUSTER_ALLOWED = [("list", "nodes", None), ("watch", "nodes", None),
                    ("list", "customresourcedefinitions.apiextensions.k8s.io", None),

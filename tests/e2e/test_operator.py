@@ -142,6 +142,8 @@ def test_sglang_mooncake_sample(cluster, operator):
         assert env["MOONCAKE_MASTER"]["value"] == "mooncake-master.mooncake.svc:50051"
         assert env["MOONCAKE_PROTOCOL"]["value"] == "rdma"
         assert p["spec"]["hostNetwork"] is True
+        assert c["resources"]["limits"]["rdma/hca_shared_devices_a"] == "1"
+        assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
         assert p["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
         # 2r - 1 pools: a rank may check SGLang's headroom after its 7 peers allocated theirs
         per_pod = 15 * 24 * 10**9 + (32 + 2 + 64 + 10) * 2**30

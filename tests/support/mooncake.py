@@ -65,10 +65,26 @@ class MooncakeMaster:
     lease_ttl_ms: int = 200  # short leases so tests can remove objects they just read
     log_path: Path = field(default_factory=lambda: Path(tempfile.mkstemp(prefix="mooncake_master_", suffix=".log")[1]))
     proc: subprocess.Popen | None = None
+    etcd: str | None = None  # HA: host:port of etcd, where the masters elect a leader
+    cluster_id: str = "mooncake_cluster"
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.rpc_port}"
+
+    def health(self) -> dict:
+        """The master's /health: role (leader, standby), ha_state, service_ready."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/health", timeout=2) as resp:
+            return json.loads(resp.read())
+
+    def _answers(self) -> bool:
+        """Ready to be used: its RPC port accepts (an HA standby has none: its /health answers)."""
+        if self.etcd is None:
+            return _port_open(self.rpc_port)
+        try:
+            return bool(self.health())
+        except OSError:
+            return False
 
     def start(self) -> "MooncakeMaster":
         binary = master_binary()
@@ -76,14 +92,16 @@ class MooncakeMaster:
             raise RuntimeError("mooncake is not installed (scripts/install-mooncake.sh)")
         if _port_open(self.rpc_port):
             raise RuntimeError(f"port {self.rpc_port} is already taken")
+        ha = [] if self.etcd is None else ["--enable_ha=true", f"--etcd_endpoints={self.etcd}",
+                                           f"--cluster_id={self.cluster_id}"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(binary), "--enable_http_metadata_server=false", f"--http_metadata_server_port={self.http_port}",
                  "--rpc_address=127.0.0.1", f"--rpc_port={self.rpc_port}", "--metrics_host=127.0.0.1",
-                 f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={self.lease_ttl_ms}"],
+                 f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={self.lease_ttl_ms}", *ha],
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _port_open(self.rpc_port):
+        while not self._answers():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mooncake_master exited with {self.proc.returncode}: {self.log_tail()}")
             if time.monotonic() > deadline:

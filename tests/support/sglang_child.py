@@ -19,7 +19,7 @@ FIELDS = ("tp_size", "pp_size", "dp_size", "attn_dp_size", "enable_dp_attention"
           "hicache_size", "hicache_write_policy", "hicache_io_backend", "hicache_mem_layout",
           "hicache_storage_backend", "hicache_storage_prefetch_policy", "hicache_storage_backend_extra_config",
           "enable_cache_report", "max_total_tokens", "api_key", "admin_api_key", "enable_metrics",
-          "enable_hierarchical_cache", "host", "port")
+          "enable_hierarchical_cache", "host", "port", "served_model_name")
 
 
 def resolve_args(argv: list[str]):

@@ -65,18 +65,19 @@ reads of objects it only writes.
   resources: [hicachedeployments/status]
   verbs: [patch]
 # Children are server-side applied (PATCH; creating through apply also needs create);
-# the StatefulSet is read back to see which pod template it carries. The router's Deployment,
-# its Service of the pods in serving, ServiceAccount, Role and RoleBinding are deleted when
-# spec.router turns it off.
+# the StatefulSet is read back to see which pod template it carries.
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [get, create, patch]
-- apiGroups: [apps]
-  resources: [deployments]
-  verbs: [create, patch, delete]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [create, patch]
+# The router (Deployment, its Service of the pods in serving, ServiceAccount, Role, RoleBinding)
+# and a managed Mooncake master (Deployment + Service) are watched for their readiness and
+# deleted when the spec stops asking for them.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services, serviceaccounts]
   verbs: [create, patch, delete]
@@ -93,6 +94,11 @@ reads of objects it only writes.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
+# modelSource claims (the download cache, a pvc source) are read for their access modes:
+# a claim one node attaches cannot serve a multi-node fleet.
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
 # kopf watches managed pods; kube.pods lists them; pods on a stale template are deleted; the
 # hicache.dev/serving label takes a pod out of serving and back (with a readmission, the pod's
 # storage annotations travel in the same patch).

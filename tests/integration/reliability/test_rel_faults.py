@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from tests.integration.reliability.conftest import PROMPTS, Runtime, generate, metric
+from tests.integration.reliability.conftest import PROMPTS, generate
+from tests.support.runtime_proc import RuntimeProcess, metric
 
 
 def _wait(cond, timeout: float = 60, what: str = "condition"):
@@ -124,7 +125,7 @@ def test_runtime_killed_mid_request_then_restarted(start_runtime, reference, tmp
     # The client learns it: a transport error, or a stream that ends without its [DONE] marker.
     assert "error" in got or "data: [DONE]" not in got["lines"], got.get("lines", [])[-3:]
 
-    again = Runtime(rt.flags, tmp_path / "restarted.log", port=rt.port).start()
+    again = RuntimeProcess(rt.flags, tmp_path / "restarted.log", port=rt.port).start()
     try:
         with again.client() as c:
             assert generate(c, prompt)["output_ids"] == reference(prompt)

@@ -13,20 +13,16 @@ import time
 import pytest
 
 from bench.fuzz_http import ADMIN_KEY, SERVER_FLAGS, Tally, generate_works, run_fuzz
-from tests.integration.reliability.conftest import Runtime
+from tests.support.runtime_proc import RuntimeProcess, load
 
 CI_REQUESTS = 400
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    rt = Runtime(SERVER_FLAGS, tmp_path_factory.mktemp("fuzz-http") / "runtime.log").start()
+    rt = RuntimeProcess(SERVER_FLAGS, tmp_path_factory.mktemp("fuzz-http") / "runtime.log").start()
     yield rt
     rt.stop()
-
-
-def _load(client) -> dict:
-    return client.get("/load").json()
 
 
 def test_fuzzed_requests_get_2xx_or_4xx_with_a_message(server):
@@ -57,8 +53,8 @@ def test_abrupt_disconnect_mid_stream_frees_the_request(server, path, body):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.close()
         deadline = time.monotonic() + 60
-        while (load := _load(client))["in_flight"] or load["queued"]:
-            assert time.monotonic() < deadline, f"aborted streams still hold the engine: {load}"
+        while (held := load(client))["in_flight"] or held["queued"]:
+            assert time.monotonic() < deadline, f"aborted streams still hold the engine: {held}"
             time.sleep(0.2)
         after = client.post("/generate", json={"text": "control", "sampling_params": {"max_new_tokens": 6}}).json()
     assert after["output_ids"] == before["output_ids"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import time
 
-from tests.integration.reliability.conftest import PROMPTS, generate, metric
+from tests.integration.reliability.conftest import PROMPTS, generate
+from tests.support.runtime_proc import metric
 from tests.support.mooncake import MooncakeMaster, mooncake_env  # noqa: F401  (fixture)
 
 

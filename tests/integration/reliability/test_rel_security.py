@@ -14,7 +14,7 @@ from cache_runtime.args import ServerArgs
 KEY = "sec-admin-key-5f0c1e"
 ADMIN_ROUTES = [("PUT", "/hicache/storage-backend"), ("DELETE", "/hicache/storage-backend"),
                 ("GET", "/hicache/storage-backend"), ("POST", "/hicache/storage-backend/clear"),
-                ("GET", "/clear_hicache_storage_backend"), ("POST", "/flush_cache"), ("POST", "/admin/drain")]
+                ("GET", "/clear_hicache_storage_backend"), ("POST", "/flush_cache")]
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.integration.runtime.conftest import ADMIN_KEY, API_KEY, sse_events
+from tests.support.runtime_proc import load
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 PROMPT = "The hierarchical cache keeps KV pages in device memory, host memory and storage. " * 4
@@ -89,7 +90,7 @@ def test_admin_routes_require_the_admin_key(server):
     with server.client() as c:
         for method, path in (("GET", "/hicache/storage-backend"), ("PUT", "/hicache/storage-backend"),
                              ("DELETE", "/hicache/storage-backend"), ("POST", "/hicache/storage-backend/clear"),
-                             ("POST", "/flush_cache"), ("POST", "/admin/drain")):
+                             ("POST", "/flush_cache")):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "nope"}):
                 r = c.request(method, path, headers=headers, json={})
                 assert r.status_code == 401, (method, path, headers)
@@ -146,47 +147,27 @@ def test_attach_status_policies_clear_detach(server, tmp_path):
         c.delete("/hicache/storage-backend").raise_for_status()
 
 
-def test_attach_is_rejected_while_busy_and_load_counts(server, tmp_path):
+def test_attach_is_rejected_while_busy_and_the_metrics_count_the_request(server, tmp_path):
     with server.client() as c:
         body = {"text": "long running", "stream": True, "sampling_params": {"max_new_tokens": 30000}}
         with c.stream("POST", "/generate", json=body) as r:
             lines = r.iter_lines()
             first = next(lines)  # the request is running now
             assert "error" not in first, first
-            load = c.get("/load").json()
-            assert load["in_flight"] == 1 and load["draining"] is False
+            assert load(c) == {"in_flight": 1, "queued": 0}
             attach = c.put("/hicache/storage-backend", headers=ADMIN,
                            json={"hicache_storage_backend": "file",
                                  "hicache_storage_backend_extra_config_json": json.dumps({"file_storage_path": str(tmp_path)})})
-            assert attach.status_code == 400, (attach.text, c.get("/load").json(), [next(lines)[:80] for _ in range(4)])
+            assert attach.status_code == 400, (attach.text, load(c), [next(lines)[:80] for _ in range(4)])
             assert "Reject attach: scheduler is not idle. #queue-req=0 #running-req=1" in attach.text
             flush = c.post("/flush_cache", headers=ADMIN)
             assert flush.status_code == 400
         # closing the stream aborts the request
         for _ in range(200):
-            if c.get("/load").json()["in_flight"] == 0:
+            if load(c)["in_flight"] == 0:
                 break
             threading.Event().wait(0.05)
-        assert c.get("/load").json() == {"in_flight": 0, "queued": 0, "draining": False}
-
-
-def test_drain_switch(server):
-    with server.client() as c:
-        assert c.get("/ready").status_code == 200
-        r = c.post("/admin/drain", json={"drain": True}, headers=ADMIN)
-        assert r.json() == {"draining": True}
-        try:
-            assert c.get("/ready").status_code == 503
-            assert c.get("/health").status_code == 200
-            assert c.get("/load").json()["draining"] is True
-            assert c.post("/generate", json={"text": "x"}).status_code == 503
-            assert c.post("/v1/completions", json={"prompt": "x"}).status_code == 503
-            assert "hicache_draining 1.0" in c.get("/metrics").text
-        finally:
-            c.post("/admin/drain", json={"drain": False}, headers=ADMIN)
-        assert c.get("/ready").status_code == 200
-        assert c.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 1}}).status_code == 200
-        assert c.post("/admin/drain", json={"drain": "yes"}, headers=ADMIN).status_code == 400
+        assert load(c) == {"in_flight": 0, "queued": 0}
 
 
 def test_metrics_names(server):
@@ -246,12 +227,9 @@ def test_server_info_redacts_keys(server):
     assert info["kernels"]["backend"]
 
 
-def test_sglang_compat_mode_hides_extensions_and_enforces_api_key(sglang_server):
+def test_sglang_compat_mode_enforces_the_api_key(sglang_server):
     auth = {"Authorization": f"Bearer {API_KEY}"}
     with sglang_server.client() as c:
-        for path in ("/load", "/ready"):
-            assert c.get(path).status_code == 404
-        assert c.post("/admin/drain", json={"drain": True}, headers=auth).status_code == 404
         assert c.post("/generate", json={"text": "hi"}).status_code == 401
         r = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, headers=auth)
         assert r.status_code == 200

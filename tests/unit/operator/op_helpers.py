@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import yaml
@@ -29,3 +31,49 @@ def body(spec: dict, name: str = "demo", namespace: str = "ns", generation: int 
     if status is not None:
         out["status"] = status
     return out
+
+
+class RecordingKube:
+    """Applies block until released, so a test can see what ran while they were in flight."""
+
+    def __init__(self, template_hash: str | None, pods: list[dict] | None = None) -> None:
+        self.calls: list[str] = []
+        self.listed = pods
+        self.applying = threading.Event()
+        self.release = threading.Event()
+        self._template_hash = template_hash
+        self._pool = ThreadPoolExecutor(max_workers=8)
+        self._lock = threading.Lock()
+
+    def _note(self, what: str) -> None:
+        with self._lock:
+            self.calls.append(what)
+
+    def apply(self, obj: dict) -> dict:
+        self.applying.set()
+        assert self.release.wait(10)
+        self._note(f"apply {obj['kind']}")
+        return obj
+
+    def ensure_secret(self, obj: dict) -> bool:
+        self._note("secret")
+        return False
+
+    def concurrently(self, *calls):
+        futures = [self._pool.submit(c) for c in calls]
+        wait(futures)
+        return [f.result() for f in futures]
+
+    def submit(self, call):
+        return self._pool.submit(call)
+
+    def secret_exists(self, namespace: str, name: str) -> bool:
+        return True
+
+    def template_hash(self, namespace: str, name: str) -> str | None:
+        return self._template_hash
+
+    def pods(self, namespace: str, deployment: str) -> list[dict]:
+        assert self.listed is not None, "cached pods are used"
+        return self.listed
+

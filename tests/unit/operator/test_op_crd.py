@@ -52,8 +52,11 @@ def test_cel_rules_sit_on_their_scopes_with_the_operator_messages():
     where = {"root": schema, "spec": spec, "parallelism": spec["properties"]["parallelism"],
              "hicache": spec["properties"]["hicache"],
              "hostPool": spec["properties"]["hicache"]["properties"]["hostPool"],
-             "rollout": spec["properties"]["rollout"],
-             "podTemplateMetadata": spec["properties"]["podTemplate"]["properties"]["metadata"]}
+             "rollout": spec["properties"]["rollout"], "modelSource": spec["properties"]["modelSource"],
+             "podTemplateMetadata": spec["properties"]["podTemplate"]["properties"]["metadata"],
+             "rdma": spec["properties"]["rdma"]}
+    mooncake = spec["properties"]["hicache"]["properties"]["storage"]["properties"]["mooncake"]
+    where.update(mooncake=mooncake, mooncakeManaged=mooncake["properties"]["managed"])
     cel = [r for r in rules.RULES if r.cel]
     assert {r.name for r in cel} >= {"host-ratio", "host-pool-mode", "write-back-not-allowed", "pp-with-storage"}
     for r in cel:

@@ -11,9 +11,8 @@ the same path runs against a real API server in tests/e2e/test_backend_swap.py.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
 
-from op_helpers import body, gpu_node
+from op_helpers import RecordingKube, body, gpu_node
 
 from hicache_operator import labels
 from hicache_operator.reconcile import plan, reconcile
@@ -21,52 +20,6 @@ from hicache_operator.reconcile import plan, reconcile
 SPEC = {"image": "hicache-runtime:0.1.0", "replicas": 2, "maxTotalTokens": 4096,
         "rollout": {"maxUnavailable": 1}}
 NODES = [gpu_node("gpu-0")]
-
-
-class RecordingKube:
-    """Applies block until released, so a test can see what ran while they were in flight."""
-
-    def __init__(self, template_hash: str | None, pods: list[dict] | None = None) -> None:
-        self.calls: list[str] = []
-        self.listed = pods
-        self.applying = threading.Event()
-        self.release = threading.Event()
-        self._template_hash = template_hash
-        self._pool = ThreadPoolExecutor(max_workers=8)
-        self._lock = threading.Lock()
-
-    def _note(self, what: str) -> None:
-        with self._lock:
-            self.calls.append(what)
-
-    def apply(self, obj: dict) -> dict:
-        self.applying.set()
-        assert self.release.wait(10)
-        self._note(f"apply {obj['kind']}")
-        return obj
-
-    def ensure_secret(self, obj: dict) -> bool:
-        self._note("secret")
-        return False
-
-    def concurrently(self, *calls):
-        futures = [self._pool.submit(c) for c in calls]
-        wait(futures)
-        return [f.result() for f in futures]
-
-    def submit(self, call):
-        return self._pool.submit(call)
-
-    def secret_exists(self, namespace: str, name: str) -> bool:
-        return True
-
-    def template_hash(self, namespace: str, name: str) -> str | None:
-        return self._template_hash
-
-    def pods(self, namespace: str, deployment: str) -> list[dict]:
-        assert self.listed is not None, "cached pods are used"
-        return self.listed
-
 
 
 def pods_with(restart_hash: str) -> list[dict]:

@@ -80,17 +80,19 @@ def test_from_node_memory_arithmetic_uses_the_node_with_least_memory_per_pod_and
 def test_sglang_limit_passes_its_headroom_check_for_every_rank():
     """SGLang refuses a pool larger than (limit - usage - 10 GiB) / ranks, and a rank may check after
     its peers allocated theirs: the limit holds 2r - 1 pools, the reserve, the Mooncake segment
-    (one per pod) and /dev/shm."""
+    (one per pod), the ranks' Mooncake transfer buffers and /dev/shm."""
     s = spec(engine="sglang", engineVersion="0.5.23", model="Qwen/Qwen3-8B", parallelism={"tp": 4},
              hicache={"hostPool": {"sizeGBPerRank": 20, "overheadGiB": 6, "shmGiB": 3}, "memLayout": "page_first",
                       "storage": {"backend": "mooncake", "extraConfig": {"global_segment_size": "16gb"}}})
     rec = sizing.compute(s, [gpu_node("a", "2Ti")]).dump()
     pool = rec["hostPoolBytesPerRank"]
     assert (rec["poolMultiplier"], rec["engineReserveBytes"], rec["mooncakeSegmentBytes"]) == (7, 10 * 2**30, 16 * 2**30)
-    usage_last = (6 + 3 + 16) * 2**30 + 3 * pool
+    buffers = rec["mooncakeLocalBufferBytes"]
+    assert buffers == 4 * 16 * 2**20  # SGLang's fixed transfer buffer, one per rank
+    usage_last = (6 + 3 + 16) * 2**30 + buffers + 3 * pool
     assert (rec["podMemoryBytes"] - usage_last - 10 * 2**30) // 4 == pool
     older = spec(**{**s.dump(), "engineVersion": "0.5.20"})
-    assert sizing.compute(older, [gpu_node("a", "2Ti")]).pod_memory_bytes == (6 + 3 + 16) * 2**30 + 4 * pool
+    assert sizing.compute(older, [gpu_node("a", "2Ti")]).pod_memory_bytes == (6 + 3 + 16) * 2**30 + buffers + 4 * pool
 
 
 def test_from_node_memory_needs_nodes_and_a_shape():

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from pkg_helpers import CHART, only
+from pkg_helpers import CHART, REPO, only
 
 from hicache_operator.__main__ import parse_args
 
@@ -13,7 +13,7 @@ NAMESPACED = {
     ("hicache.dev", "hicachedeployments"): {"get", "list", "watch"},
     ("hicache.dev", "hicachedeployments/status"): {"patch"},
     ("apps", "statefulsets"): {"get", "create", "patch"},
-    ("apps", "deployments"): {"create", "patch", "delete"},
+    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},  # the router, a managed Mooncake master
     ("", "services"): {"create", "patch", "delete"},
     ("", "serviceaccounts"): {"create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "roles"): {"create", "patch", "delete"},
@@ -21,6 +21,7 @@ NAMESPACED = {
     ("", "configmaps"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},
+    ("", "persistentvolumeclaims"): {"get"},
     ("", "pods"): {"list", "watch", "patch", "delete"},
     ("discovery.k8s.io", "endpointslices"): {"list", "watch"},
     ("", "events"): {"create"},
@@ -48,7 +49,8 @@ def container(objs: list[dict]) -> dict:
 
 
 @pytest.mark.parametrize("sets", [(), ("watchNamespaces={a,b}",), ("metrics.serviceMonitor.enabled=true",),
-                                  ("processBacked=true", "logLevel=debug")])
+                                  ("processBacked=true", "logLevel=debug"),
+                                  ("monitoring.podMonitor.enabled=true", "monitoring.grafanaDashboard.enabled=true")])
 def test_helm_lint_is_clean(helm, sets):
     args = ["lint", "--strict", str(CHART)] + [a for s in sets for a in ("--set", s)]
     out = helm.run(*args).stdout
@@ -195,8 +197,10 @@ def test_rendered_command_line_is_one_the_operator_accepts(helm, sets, expected)
     assert {k: args[k] for k in expected} == expected
 
 
-def test_image_defaults_to_the_app_version(helm):
-    assert container(helm.render())["image"] == "hicache-operator:0.1.0"
+def test_image_defaults_to_the_released_image_of_the_app_version(helm):
+    """The registry path the release process pushes to (docs/release.md), so an install needs no edits."""
+    assert container(helm.render())["image"] == "ghcr.io/hicache-dev/hicache-operator:0.1.0"
+    assert "ghcr.io/hicache-dev/hicache-operator:<version>" in (REPO / "docs" / "release.md").read_text()
     assert container(helm.render("image.repository=reg.example/op", "image.tag=v2"))["image"] == "reg.example/op:v2"
 
 

@@ -149,6 +149,9 @@ def test_python_pins_are_allowed_by_pyproject():
             assert version, f"{stage} does not pin {req.name}"
             assert req.specifier.contains(version), f"{stage} pins {req.name}=={version}, pyproject wants {req}"
     assert "torch" not in pins(s["operator-build"])  # the operator image stays small
+    # the runtime image carries the Mooncake wheel the tests run against (its backend, mooncake_master)
+    (mooncake,) = [Requirement(r) for r in project["optional-dependencies"]["mooncake"]]
+    assert mooncake.specifier.contains(pins(s["runtime-build"])[canonicalize_name(mooncake.name)])
 
 
 def test_dockerignore_admits_exactly_what_the_dockerfile_copies():

@@ -528,8 +528,11 @@ class Fleet:
         quiet = 0
         for _ in range(limit):
             self.tick()
+            # what the planner saw, not what the step's watch moved to after it planned
+            seen_settled = all(p.up and p.available and (self.routes(p) or not self.router)
+                               for p in self.pods.values())
             plan = self.step()
-            if (not self.last_actions and not plan.state.pods and not self.recreate_in
+            if (seen_settled and not self.last_actions and not plan.state.pods and not self.recreate_in
                     and all(p.up and p.available and (self.routes(p) or not self.router) for p in self.pods.values())
                     and plan.state.phase.value in ("Complete", "Failed")):
                 # twice: the endpoints may have caught up after the step observed them

@@ -73,6 +73,8 @@ def matrix(version: str) -> list[tuple[str, dict]]:
     add("extra-args", extraArgs=["--mem-fraction-static", "0.8", "--log-level=debug", "--served-model-name",
                                  "$(POD_NAME)"])
     add("engine-version-field", image="registry.local/sglang:prod", engineVersion=version)
+    add("model-source-hugging-face", modelSource={"huggingFace": {"cache": {"claimName": "hf-models"}}})
+    add("model-source-pvc", modelSource={"pvc": {"claimName": "models", "path": "qwen3-8b"}})
     add("dollar-in-extra-config", hicache={"storage": {**storage("mooncake"),
                                                        "extraConfig": {"master_server_address": "m:1",
                                                                        "extra_backend_tag": "t$(POD_IP)"}}})
@@ -131,6 +133,8 @@ def check(name: str, spec: dict, effective: dict, sizing: dict, argv: list[str],
         want["hicache_size"] = sizing["hicacheSizeGB"]
     if spec.get("maxTotalTokens"):
         want["max_total_tokens"] = spec["maxTotalTokens"]
+    if spec.get("modelSource"):  # the path is the source's; clients name the model
+        want["served_model_name"] = spec["model"]
     backend = hc["storage"]["backend"]
     if backend != "none":
         want["hicache_storage_backend"] = backend

@@ -28,8 +28,14 @@ def test_env_config():
     env = {"MOONCAKE_MASTER": "m:50051", "MOONCAKE_PROTOCOL": "tcp", "MOONCAKE_GLOBAL_SEGMENT_SIZE": "1048576",
            "MOONCAKE_TE_META_DATA_SERVER": "http://m:8080/metadata", "MOONCAKE_MASTER_METRICS_PORT": "9100"}
     cfg = load_mooncake_config(None, env)
-    assert (cfg.master_host_port, cfg.global_segment_size, cfg.metadata_server, cfg.master_metrics_port) == \
-        (("m", 50051), 1 << 20, "http://m:8080/metadata", 9100)
+    assert (cfg.endpoints, cfg.global_segment_size, cfg.metadata_server, cfg.master_metrics_port) == \
+        ([("m", 50051)], 1 << 20, "http://m:8080/metadata", 9100)
+    assert not cfg.through_etcd
+
+
+def test_ha_masters_are_found_through_etcd():
+    cfg = load_mooncake_config({"master_server_address": "etcd://etcd-0.etcd:2379;10.0.0.3:2379"}, {})
+    assert cfg.through_etcd and cfg.endpoints == [("etcd-0.etcd", 2379), ("10.0.0.3", 2379)]
     assert cfg.local_hostname == "localhost"
 
 
@@ -52,6 +58,8 @@ def test_pod_hostname_from_env_always_wins(tmp_path, source):
     ({"master_server_address": "h:1", "global_segment_size": "lots"}, "global_segment_size"),
     ({"master_server_address": "h:1", "check_server": "maybe"}, "check_server"),
     ({"master_server_address": "h:1", "master_metrics_port": "x"}, "master_metrics_port"),
+    ({"master_server_address": "etcd://e:2379;e"}, "etcd://host:port"),
+    ({"master_server_address": "etcd://e:2379", "check_server": True}, "check_server"),
 ])
 def test_bad_values_are_rejected(extra, message):
     with pytest.raises(ValueError, match=message):

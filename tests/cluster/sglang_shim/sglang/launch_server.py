@@ -3,7 +3,7 @@ SGLang-compatibility mode with the same ARGS, after real SGLang has accepted the
 
 The podrunner puts this directory on PYTHONPATH, so `engine: sglang` pods, whose command the
 operator renders exactly as for real SGLang, run as real processes that speak only SGLang's
-routes (no drain switch, no /ready, no /load): the operator is tested against SGLang's API
+routes: the operator is tested against SGLang's API
 without a GPU. First the real `sglang` package of the release the pod runs
 ($HICACHE_ENGINE_VERSION, installed by scripts/install-sglang.sh) parses and resolves ARGS; a
 refusal ends the process with SGLang's message, as the real server would. Then flags the bundled

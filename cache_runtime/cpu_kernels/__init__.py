@@ -1,0 +1,182 @@
+"""Native CPU kernels for the decode hot path, loaded with ctypes; torch is the fallback.
+
+``linear`` streams the weights once per 16 rows of input, converting bf16/fp16 to float32 in
+registers; ``decode_attention`` attends each decoding query over its context read
+straight from the paged L1 pool through its slot indices (GQA, and MLA's latent rows);
+``add_rms_norm``, ``silu_mul`` and ``rope_store`` fuse the elementwise steps around them, rounding
+where torch's op sequence rounds (a decode step is otherwise dozens of tiny torch ops). The
+library (``python cache_runtime/cpu_kernels/build.py``, run by scripts/setup.sh) picks the widest
+variant the CPU runs: AVX-512, else AVX2+FMA+F16C. Without the library, on a CPU without AVX2,
+on CUDA tensors, or with ``HICACHE_CPU_KERNELS=0``, every op runs on torch instead.
+``HICACHE_CPU_KERNELS_LIBRARY`` loads the library from another path (an image's fixed one).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+
+from cache_runtime.cpu_kernels.build import LIBRARY, sources_digest
+
+log = logging.getLogger(__name__)
+
+# dtype codes of common.h
+_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# Rows up to which ``linear`` runs natively. float32: a decode batch; above it torch's float32 GEMM
+# (MKL) does more multiply-adds per cycle. bf16 and fp16: every batch, prefill chunks included:
+# torch's own GEMM for them is several times slower than this one on CPUs without AVX512-BF16;
+# where the CPU has it (twice the multiply-adds per instruction of the float32 FMAs here), torch
+# takes bf16 batches above 2 rows.
+LINEAR_MAX_ROWS = 16
+LINEAR_MAX_ROWS_HALF = 1 << 62
+LINEAR_MAX_ROWS_BF16_AVX512BF16 = 2
+
+_vp, _l, _i, _f = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+
+
+def _load() -> ctypes.CDLL | None:
+    path = os.environ.get("HICACHE_CPU_KERNELS_LIBRARY") or str(LIBRARY)
+    if os.environ.get("HICACHE_CPU_KERNELS", "1") == "0" or not os.path.exists(path):
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        lib.hc_sources.restype = ctypes.c_char_p
+        stale = lib.hc_sources().decode() != sources_digest()
+    except (OSError, AttributeError) as exc:
+        log.warning("CPU kernels not loaded (%s): running on torch", exc)
+        return None
+    if stale:
+        log.warning("%s was built from other sources (python cache_runtime/cpu_kernels/build.py rebuilds it): "
+                    "running on torch", path)
+        return None
+    lib.hc_variants.restype = ctypes.c_char_p
+    lib.hc_active.restype = ctypes.c_char_p
+    lib.hc_select.argtypes = [ctypes.c_char_p]
+    lib.hc_linear.argtypes = [_vp, _l, _l, _l, _vp, _l, _l, _vp, _vp, _l, _i, _i]
+    lib.hc_linear.restype = None
+    lib.hc_decode_attention.argtypes = [_vp, _l, _l, _l, _l, _vp, _l, _l, _vp, _l, _l, _l, _l, _i, _i, _l, _vp, _vp,
+                                        _vp, _f, _vp, _l, _l, _i]
+    lib.hc_decode_attention.restype = None
+    lib.hc_add_rms_norm.argtypes = [_vp, _vp, _vp, _l, _l, _f, _vp, _i, _i]
+    lib.hc_add_rms_norm.restype = None
+    lib.hc_silu_mul.argtypes = [_vp, _l, _l, _vp, _i, _i]
+    lib.hc_silu_mul.restype = None
+    lib.hc_rope_store.argtypes = [_vp, _l, _l, _l, _vp, _l, _l, _vp, _l, _l, _l, _l, _l, _vp, _vp, _vp, _l, _l, _vp, _l,
+                                  _l, _vp, _i, _i, _i]
+    lib.hc_rope_store.restype = None
+    if lib.hc_select(b"") != 0:
+        return None  # no AVX2+FMA+F16C: nothing here runs on this CPU
+    lib.hc_has_avx512bf16.restype = ctypes.c_int
+    return lib
+
+
+_loaded = _load()
+_lib = _loaded  # None while the native ops are off
+_AVX512BF16 = bool(_loaded is not None and _loaded.hc_has_avx512bf16())
+
+
+def linear_max_rows(dtype: torch.dtype) -> int:
+    if dtype == torch.float32:
+        return LINEAR_MAX_ROWS
+    return LINEAR_MAX_ROWS_BF16_AVX512BF16 if dtype == torch.bfloat16 and _AVX512BF16 else LINEAR_MAX_ROWS_HALF
+
+
+def variant() -> str | None:
+    """The variant in use ('avx512', 'avx2', 'avx2_w16'), or None when every op runs on torch."""
+    return _lib.hc_active().decode() if _lib is not None else None
+
+
+def variants() -> list[str]:
+    """Every variant this CPU runs, best first (empty without the library)."""
+    return [v for v in _loaded.hc_variants().decode().split(",") if v] if _loaded is not None else []
+
+
+def select(name: str | None) -> None:
+    """Uses variant ``name`` from now on; None turns the native ops off (tests compare both paths)."""
+    global _lib
+    if name is None:
+        _lib = None
+        return
+    if _loaded is None or _loaded.hc_select(name.encode()) != 0:
+        raise ValueError(f"CPU kernel variant {name!r} is not available here (have: {variants()})")
+    _lib = _loaded
+
+
+def _native(t: torch.Tensor) -> bool:
+    return _lib is not None and t.device.type == "cpu" and t.dtype in _CODES
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` for 2-D ``x``; natively for up to ``linear_max_rows`` rows."""
+    m = x.shape[0]
+    if (not _native(x) or x.dim() != 2 or m == 0 or m > linear_max_rows(x.dtype) or w.dtype != x.dtype
+            or (bias is not None and bias.dtype != x.dtype) or x.stride(1) != 1 or not w.is_contiguous()):
+        return F.linear(x, w, bias)
+    n, k = w.shape
+    y = x.new_empty(m, n)
+    _lib.hc_linear(x.data_ptr(), m, k, x.stride(0), w.data_ptr(), n, k, bias.data_ptr() if bias is not None else None,
+                   y.data_ptr(), n, _CODES[x.dtype], torch.get_num_threads())
+    return y
+
+
+def decode_attention_supported(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
+    return (_native(q) and k_pool.dtype in _CODES and v_pool.dtype == k_pool.dtype and q.stride(-1) == 1
+            and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1)
+
+
+def decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, rows: torch.Tensor,
+                     offsets: torch.Tensor, slots: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    """For each i: ``out[rows[i]]`` = softmax(q[rows[i]] K^T * scale) V over pool rows
+    ``slots[offsets[i]:offsets[i+1]]``; q (N, Hq, Dk), pools (slots, Hkv, Dk/Dv), Hq a multiple of
+    Hkv; int64 index tensors. Scores and softmax in float32."""
+    _, hq, dk = q.shape
+    hkv, dv = k_pool.shape[1], v_pool.shape[2]
+    _lib.hc_decode_attention(q.data_ptr(), q.stride(0), q.stride(1), hq, dk, k_pool.data_ptr(), k_pool.stride(0),
+                             k_pool.stride(1), v_pool.data_ptr(), v_pool.stride(0), v_pool.stride(1), dv, hkv,
+                             _CODES[k_pool.dtype], _CODES[q.dtype], rows.shape[0], rows.data_ptr(),
+                             offsets.data_ptr(), slots.data_ptr(), scale, out.data_ptr(), out.stride(0), out.stride(1),
+                             torch.get_num_threads())
+
+
+def rows_supported(*tensors: torch.Tensor | None) -> bool:
+    """Whether the elementwise ops run natively on these: CPU, one dtype, contiguous."""
+    first = tensors[0]
+    return _native(first) and all(t is None or (t.dtype == first.dtype and t.is_contiguous() and t.device == first.device)
+                                  for t in tensors)
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``h += delta`` in place (rounded, when given), then transformers' RMSNorm of ``h`` (rows, dim)."""
+    out = torch.empty_like(h)
+    _lib.hc_add_rms_norm(h.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(), h.shape[0],
+                         h.shape[1], eps, out.data_ptr(), _CODES[h.dtype], torch.get_num_threads())
+    return out
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of ``x`` = [gate | up] (rows, 2I) -> (rows, I)."""
+    rows, width = x.shape
+    out = x.new_empty(rows, width // 2)
+    _lib.hc_silu_mul(x.data_ptr(), rows, width // 2, out.data_ptr(), _CODES[x.dtype], torch.get_num_threads())
+    return out
+
+
+def rope_store_supported(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, k_pool: torch.Tensor) -> bool:
+    return (_native(q) and k_pool.dtype in _CODES and q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous()
+            and cos.dtype == q.dtype and k_pool.stride(-1) == 1)
+
+
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor) -> None:
+    """Rotary embedding (split halves) in place on q (N, Hq, D) and k (N, Hkv, D) with ``cos``/``sin``
+    (N, D/2) in their dtype, then ``k_pool[slots] = k``, ``v_pool[slots] = v`` in the pools' dtype."""
+    n, hq, dim = q.shape
+    _lib.hc_rope_store(q.data_ptr(), q.stride(0), q.stride(1), hq, k.data_ptr(), k.stride(0), k.stride(1),
+                       v.data_ptr(), v.stride(0), v.stride(1), k.shape[1], dim, n, cos.data_ptr(), sin.data_ptr(),
+                       k_pool.data_ptr(), k_pool.stride(0), k_pool.stride(1), v_pool.data_ptr(), v_pool.stride(0),
+                       v_pool.stride(1), slots.data_ptr(), _CODES[q.dtype], _CODES[k_pool.dtype],
+                       torch.get_num_threads())

@@ -1,0 +1,114 @@
+"""Real ``python -m cache_runtime serve`` processes, one launcher for the tests and the benchmarks.
+
+A runtime is started on a loopback address and port (again on the same port after a kill: the
+"killed mid-request" tests), waited for until ``/health`` answers, and stopped through its
+process group. Its load is read from ``/metrics`` the way the operator reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """The process's peak resident set (VmHWM), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class RuntimeProcess:
+    """``flags`` go to ``serve`` after ``--host``/``--port``; its output is appended to ``log_path``.
+    The environment is this process's without ``HICACHE_ADMIN_API_KEY`` (a key is given by flag)."""
+
+    def __init__(self, flags: list[str], log_path: Path, *, host: str = "127.0.0.1", port: int | None = None,
+                 env: dict | None = None, ready_timeout: float = 90.0) -> None:
+        self.host, self.port, self.flags, self.log_path = host, port or free_port(), list(flags), Path(log_path)
+        self.url = f"http://{host}:{self.port}"
+        self.env = {k: v for k, v in os.environ.items() if k != "HICACHE_ADMIN_API_KEY"}
+        self.env.update({"PYTHONPATH": str(REPO), **(env or {})})
+        self.ready_timeout = ready_timeout
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "RuntimeProcess":
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cache_runtime", "serve", "--host", self.host, "--port", str(self.port),
+                 *self.flags], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"runtime exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1, trust_env=False).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"runtime did not become healthy within {self.ready_timeout:.0f}s:\n{self.log()}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def client(self, timeout: float = 120, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout, trust_env=False, **kw)
+
+    def log(self, n: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+    def peak_rss_bytes(self) -> int | None:
+        return peak_rss_bytes(self.pid)
+
+    def kill(self) -> None:
+        """SIGKILL: what an OOM kill or a node failure does to the process."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def metric(client: httpx.Client, name: str, labels: str = "") -> float:
+    """Sum of a Prometheus sample over the series whose labels contain ``labels``."""
+    total = 0.0
+    for line in client.get("/metrics").text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if (series == name or series.startswith(name + "{")) and labels in series:
+            total += float(value)
+    return total
+
+
+def load(client: httpx.Client) -> dict[str, int]:
+    """Requests running and queued, from SGLang's gauges (what the operator waits on to drain)."""
+    return {"in_flight": int(metric(client, "sglang:num_running_reqs")),
+            "queued": int(metric(client, "sglang:num_queue_reqs"))}
