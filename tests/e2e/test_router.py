@@ -81,19 +81,37 @@ def serving_urls(env) -> set[str]:
             and p["metadata"]["labels"].get(SERVING) == "true" and not p["metadata"].get("deletionTimestamp")}
 
 
-def settled(env, image: str | None = None) -> bool:
-    """Every pod serving (on ``image``), no swap record, the router Ready, and every router pod's
-    workers exactly the pods in serving."""
+def unsettled(env, image: str | None = None) -> str:
+    """Why the fleet is not settled ("" when it is): every pod serving (on ``image``), no swap
+    record, the router Ready, and every router pod's workers exactly the pods in serving."""
     obj = hcd(env)
     st = obj.get("status") or {}
     ps = fleet_pods(env)
-    if len(ps) != REPLICAS or st.get("readyReplicas") != REPLICAS or (st.get("backendSwap") or {}).get("pods") \
-            or st.get("routerReady") != "1/1" or condition(obj, "RouterReady") != "True":
-        return False
-    if image and any(p["spec"]["containers"][0]["image"] != image for p in ps):
-        return False
-    lists = router_workers(env)
-    return bool(lists) and all(listed == serving_urls(env) for listed in lists)
+    if len(ps) != REPLICAS or st.get("readyReplicas") != REPLICAS:
+        return f"pods {sorted(p['metadata']['name'] for p in ps)}, readyReplicas {st.get('readyReplicas')}"
+    if (st.get("backendSwap") or {}).get("pods"):
+        return f"swap records {st['backendSwap']['pods']}"
+    if st.get("routerReady") != "1/1" or condition(obj, "RouterReady") != "True":
+        return f"routerReady {st.get('routerReady')}"
+    stale = [p["metadata"]["name"] for p in ps if image and p["spec"]["containers"][0]["image"] != image]
+    if stale:
+        return f"pods not on {image}: {stale}"
+    lists, serving = router_workers(env), serving_urls(env)
+    if not lists or any(listed != serving for listed in lists):
+        return f"router workers {[sorted(x) for x in lists]} but serving {sorted(serving)}"
+    return ""
+
+
+def wait_settled(env, what: str, timeout: float, image: str | None = None) -> None:
+    why: list[str] = []
+
+    def settled() -> bool:
+        why[:] = [unsettled(env, image)]
+        return not why[0]
+    try:
+        wait_for(settled, timeout=timeout, interval=1, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {why[0] if why else ''}") from None
 
 
 class Agreement(threading.Thread):
@@ -165,7 +183,7 @@ class Agreement(threading.Thread):
 def test_the_router_fronts_the_fleet_from_four_replicas(env):
     c = env["cluster"]
     c.kubectl_apply([deployment(env)])
-    wait_for(lambda: settled(env), timeout=240, what="4 runtime pods and the router ready, agreeing")
+    wait_settled(env, "4 runtime pods and the router ready, agreeing", 240)
     table = c.kubectl("get", "hcd", NAME, "-n", NS).stdout
     header, row = table.splitlines()[:2]
     assert header.split()[:3] == ["NAME", "READY", "ROUTER"] and row.split()[:3] == [NAME, "4/4", "1/1"], table
@@ -195,10 +213,10 @@ def test_the_router_fronts_the_fleet_from_four_replicas(env):
     # the bundled runtime serves what the router asks of a worker and what it proxies
     ip = router["status"]["podIP"]
     with httpx.Client(base_url=url(ip), timeout=60) as http:
-        r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hello"}],
-                                                    "max_tokens": 4})
-        assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant", r.text
-        r = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4})
+        models = http.get("/v1/models")
+        assert models.status_code == 200 and models.json()["data"], models.text
+        model = models.json()["data"][0]["id"]
+        r = http.post("/v1/completions", json={"model": model, "prompt": "hello", "max_tokens": 4})
         assert r.status_code == 200 and r.json()["choices"], r.text
         # a conversation's turns reach the pod that holds its prefix: later turns hit the cache
         prompt = "a conversation about caches: " + "the router keeps it on one pod " * 12
@@ -218,7 +236,7 @@ def test_discovery_keeps_a_pod_whose_serving_label_turns_false(env):
     router watches pods in one stream, and a pod created after the label changed was added."""
     c, op = env["cluster"], env["op"]
     c.kubectl_apply([deployment(env)])
-    wait_for(lambda: settled(env), timeout=240, what="fleet settled")
+    wait_settled(env, "fleet settled", 240)
     by_name = {p["metadata"]["name"]: p for p in fleet_pods(env)}
     out_url = url(by_name[f"{NAME}-1"]["status"]["podIP"])
     op.stop()
@@ -235,13 +253,13 @@ def test_discovery_keeps_a_pod_whose_serving_label_turns_false(env):
         c.kubectl("label", "pod", f"{NAME}-1", "-n", NS, f"{SERVING}=true", "--overwrite")
         op.start()
     # the operator back: the StatefulSet returns to spec.replicas, and the routers follow
-    wait_for(lambda: settled(env), timeout=240, what="fleet settled again")
+    wait_settled(env, "fleet settled again", 240)
 
 
 def test_swap_and_rolling_update_through_the_router_fail_no_request(env):
     c = env["cluster"]
     c.kubectl_apply([deployment(env)])
-    wait_for(lambda: settled(env), timeout=240, what="fleet settled")
+    wait_settled(env, "fleet settled", 240)
     gw = Gateway(c.api_client(), NS, NAME, concurrency=3).start()
     agreement = Agreement(c.api_client())
     agreement.start()
@@ -250,12 +268,12 @@ def test_swap_and_rolling_update_through_the_router_fail_no_request(env):
         storage = {"backend": "file", "extraConfig": {"file_storage_path": str(env["dir"] / "l3")}}
         c.kubectl_apply([deployment(env, storage=storage)])
         wait_for(lambda: (hcd(env).get("status") or {}).get("backendSwap", {}).get("phase") == "Complete"
-                 and hcd(env)["status"].get("currentBackend") == "file" and settled(env), timeout=300, interval=1,
+                 and hcd(env)["status"].get("currentBackend") == "file", timeout=300, interval=1,
                  what="the swap to file complete")
+        wait_settled(env, "the fleet settled on file", 120)
         assert not gw.report.failures, gw.report.failures[:3]
         c.kubectl_apply([deployment(env, image="hicache-runtime:test2", storage=storage)])
-        wait_for(lambda: settled(env, image="hicache-runtime:test2"), timeout=400, interval=1,
-                 what="every pod restarted on the new template")
+        wait_settled(env, "every pod restarted on the new template", 600, image="hicache-runtime:test2")
     finally:
         agreement.stop_event.set()
         agreement.join(30)
