@@ -16,6 +16,7 @@ import httpx
 import pytest
 from kubernetes import client
 
+from hicache_operator.rollout.act.router_client import ADD_SECONDS
 from tests.e2e.gateway import Gateway
 from tests.e2e.helpers import condition, kget, start_operator, wait_for
 
@@ -25,6 +26,7 @@ NAME = "rt"
 REPLICAS = 4
 SERVING = "hicache.dev/serving"
 HELD = ("Swapping", "RollingBack", "Restarting")  # stages entered only once no router lists the pod
+JOIN_SECONDS = ADD_SECONDS + 5  # a pod that turned Ready is checked by the router before it is listed
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +108,11 @@ def wait_settled(env, what: str, timeout: float, image: str | None = None) -> No
     why: list[str] = []
 
     def settled() -> bool:
-        why[:] = [unsettled(env, image)]
-        return not why[0]
+        now = unsettled(env, image)
+        if not why or now != why[0]:
+            print(f"{time.strftime('%H:%M:%S')} {what}: {now or 'settled'}", flush=True)
+        why[:] = [now]
+        return not now
     try:
         wait_for(settled, timeout=timeout, interval=1, what=what)
     except AssertionError as exc:
@@ -122,8 +127,11 @@ class Agreement(threading.Thread):
     - a pod whose swap record was Swapping, RollingBack or Restarting in both views, its label
       false in both (the operator enters those stages only once no router lists the pod, and
       adds it back only once its label is true again), is in no router's list;
-    - where both views are the same settled fleet (every pod in serving, no record), every
-      router lists exactly the pods in serving."""
+    - where both views are the same settled fleet (every pod in serving, no record) and have
+      been for ``JOIN_SECONDS``, every router lists exactly the pods in serving. The grace is
+      for a pod that has just turned Ready (a restarted one): it joins a router once the
+      router has checked it (``router_client.ADD_SECONDS``), and until then is routed nothing,
+      which fails no request; ``join_lag`` is the longest such wait seen."""
 
     def __init__(self, api: client.ApiClient) -> None:
         super().__init__(daemon=True)
@@ -131,6 +139,8 @@ class Agreement(threading.Thread):
         self.stop_event = threading.Event()
         self.violations: list[str] = []
         self.samples = self.settled_samples = 0
+        self.settled_view: tuple[dict, float] | None = None  # the settled pods, since when
+        self.join_lag = 0.0
 
     def view(self) -> tuple[dict, dict]:
         pods = {}
@@ -171,13 +181,24 @@ class Agreement(threading.Thread):
             if rec1.get(name, (None, None))[1] in HELD and rec2.get(name) == rec1.get(name) and rec1[name][0] == uid \
                     and any(url(ip) in listed for listed in lists):
                 self.violations.append(f"{name} listed by a router while {rec1[name][1]}")
-        if pods1 == pods2 and not rec1 and not rec2 and len(pods1) == REPLICAS and \
-                all(label == "true" and is_ready and not gone for _, _, label, is_ready, gone in pods1.values()):
+        settled = pods1 == pods2 and not rec1 and not rec2 and len(pods1) == REPLICAS and \
+            all(label == "true" and is_ready and not gone for _, _, label, is_ready, gone in pods1.values())
+        if not settled:
+            self.settled_view = None
+            return
+        now = time.monotonic()
+        if self.settled_view is None or self.settled_view[0] != pods1:
+            self.settled_view = (pods1, now)
+        serving, waited = {url(ip) for ip in pods1}, now - self.settled_view[1]
+        agree = all(listed == serving for listed in lists)
+        if not agree:
+            self.join_lag = max(self.join_lag, waited)
+        if waited >= JOIN_SECONDS:
             self.settled_samples += 1
-            serving = {url(ip) for ip in pods1}
-            for listed in lists:
+            for listed in [] if agree else lists:
                 if listed != serving:
-                    self.violations.append(f"settled fleet {sorted(serving)} but a router lists {sorted(listed)}")
+                    self.violations.append(f"settled fleet {sorted(serving)} for {now - self.settled_view[1]:.0f}s "
+                                           f"but a router lists {sorted(listed)}")
 
 
 def test_the_router_fronts_the_fleet_from_four_replicas(env):
@@ -256,6 +277,7 @@ def test_discovery_keeps_a_pod_whose_serving_label_turns_false(env):
     wait_settled(env, "fleet settled again", 240)
 
 
+@pytest.mark.timeout(1500)  # a swap and a rolling restart of four pods, one at a time, on two cores
 def test_swap_and_rolling_update_through_the_router_fail_no_request(env):
     c = env["cluster"]
     c.kubectl_apply([deployment(env)])
@@ -274,12 +296,14 @@ def test_swap_and_rolling_update_through_the_router_fail_no_request(env):
         assert not gw.report.failures, gw.report.failures[:3]
         c.kubectl_apply([deployment(env, image="hicache-runtime:test2", storage=storage)])
         wait_settled(env, "every pod restarted on the new template", 600, image="hicache-runtime:test2")
+        time.sleep(2 * JOIN_SECONDS)  # the settled fleet under load, compared with the routers a while longer
     finally:
         agreement.stop_event.set()
         agreement.join(30)
         report = gw.stop()
     print("through the router:", report.summary(), f"agreement samples {agreement.samples} "
-          f"(settled {agreement.settled_samples})")
+          f"(settled {agreement.settled_samples}), longest wait for a Ready pod to join the routers "
+          f"{agreement.join_lag:.1f}s")
     assert not report.failures, report.failures[:3]
     assert len(report.outcomes) > 50
     assert {o.endpoint for o in report.outcomes} == {p["status"]["podIP"] for p in router_pods(env)}

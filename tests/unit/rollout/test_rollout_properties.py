@@ -96,10 +96,10 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
 # The step's watch saw the restarted pod come back only after the planner had planned (no budget
 # for the next restart then): the fleet is quiet only once the planner itself saw it settled.
 @example(n=2, max_unavailable=1, initial="file", first_target="file", seed=0, flaky=0.0, follow=True, watch_moves=0.5,
-         history=[("calm", "file", 0, "ok", 0)] * 6 + [("template", "file", 0, "ok", 0)])
+         router=False, history=[("calm", "file", 0, "ok", 0)] * 6 + [("template", "file", 0, "ok", 0)])
 # A read of the draining pod's runtime failed once: that is no proof it is idle, so no restart yet.
 @example(n=1, max_unavailable=1, initial="file", first_target="file", seed=2, flaky=0.0, follow=False, watch_moves=0.0,
-         history=[("calm", "file", 0, "ok", 0)] * 6 + [("template", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0),
+         router=False, history=[("calm", "file", 0, "ok", 0)] * 6 + [("template", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0),
                                                       ("glitch", "file", 0, "ok", 0)])
 def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target, seed, flaky, history, follow,
                                      watch_moves, router):
