@@ -1,11 +1,13 @@
 # syntax=docker/dockerfile:1
-# Two images from one file; every base is pinned by tag and every final stage runs as a
+# Three images from one file; every base is pinned by tag and every final stage runs as a
 # non-root user with no compilers or package managers' build steps in it.
 #
 #   docker build --target runtime  -t ghcr.io/hicache-dev/hicache-runtime:0.1.0 .   # what GPU pods run (engine: bundled)
 #   docker build --target operator -t ghcr.io/hicache-dev/hicache-operator:0.1.0 .  # the operator (no torch)
+#   docker build --target router   -t ghcr.io/hicache-dev/hicache-router:0.1.0 .    # SGLang's router (spec.router.image)
 #
-# Releases push both to those paths (docs/release.md), which the chart and the samples use.
+# Releases push all three to those paths (docs/release.md), which the chart, the samples and
+# spec.router.image's default use.
 #
 # Python pins match pyproject.toml's ranges (tests/unit/packaging checks that).
 
@@ -138,3 +140,22 @@ WORKDIR /opt/hicache/app
 USER 10001:10001
 EXPOSE 8080 8081
 CMD ["python", "-m", "hicache_operator", "--all-namespaces", "--liveness", "http://0.0.0.0:8081/healthz"]
+
+# ---- router: build -------------------------------------------------------------------------
+# sglang-router's wheel carries the router (Rust) and its Python launcher.
+FROM python:3.11.14-slim-bookworm AS router-build
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir sglang-router==0.3.2
+
+# ---- router: final -------------------------------------------------------------------------
+FROM python:3.11.14-slim-bookworm AS router
+RUN groupadd --gid 10001 hicache \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin hicache
+COPY --from=router-build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+USER 10001:10001
+EXPOSE 30000 29000
+# The operator sets the command: python -m sglang_router.launch_router --service-discovery ...
+CMD ["python", "-m", "sglang_router.launch_router", "--help"]

@@ -219,8 +219,12 @@ async def one_request(client: httpx.AsyncClient, ids: list[int], out_len: int, t
             "output_ids": last["output_ids"], "meta": last["meta_info"]}
 
 
-async def run_workload(url: str, a, seed: int) -> tuple[list[dict], list[str], float]:
+async def run_workload(url: str | list[str], a, seed: int) -> tuple[list[dict], list[str], float]:
+    """The multi-turn workload against ``url``; a list of base URLs spreads the turns over them,
+    each turn to one drawn uniformly at random (seeded), whichever server holds its prefix."""
     system, docs, questions = build_prompts(a, seed)
+    urls = [url] if isinstance(url, str) else list(url)
+    spread = random.Random(seed + 3)
     history = [system + docs[c] for c in range(a.num_clients)]
     done_rounds = [0] * a.num_clients
     arrivals = random.Random(seed + 1)
@@ -233,16 +237,18 @@ async def run_workload(url: str, a, seed: int) -> tuple[list[dict], list[str], f
     errors: list[str] = []
     total = a.num_clients * a.num_rounds
 
-    async with httpx.AsyncClient(base_url=url, timeout=600, trust_env=False) as client:
+    clients = [httpx.AsyncClient(base_url=u, timeout=600, trust_env=False) for u in urls]
+    try:
         t0 = time.perf_counter()
 
         async def turn(c: int) -> None:
             rnd = done_rounds[c]
+            server = spread.randrange(len(clients))
             try:
                 ids = history[c] + questions[c][rnd]
-                res = await one_request(client, ids, a.output_length, t0)
+                res = await one_request(clients[server], ids, a.output_length, t0)
                 history[c] = ids + res["output_ids"]
-                results.append({**res, "client": c, "round": rnd + 1, "input_ids": ids})
+                results.append({**res, "client": c, "round": rnd + 1, "input_ids": ids, "server": server})
             except Exception as exc:  # counted and reported, the run goes on
                 errors.append(f"{type(exc).__name__}: {exc}")
             finally:
@@ -263,6 +269,9 @@ async def run_workload(url: str, a, seed: int) -> tuple[list[dict], list[str], f
             tasks.append(asyncio.create_task(turn(c)))
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
+    finally:
+        for client in clients:
+            await client.aclose()
     return results, errors, wall
 
 

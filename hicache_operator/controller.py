@@ -8,8 +8,10 @@ deployment's key at a time (``workqueue``):
   reconcile that applies the children; the operator's own status writes queue nothing.
 - Pod events queue a status refresh of their owner, which also admits new pods through the
   serving gate and moves a swap on; urgent while that owner has a swap in flight.
-- EndpointSlice events that change an endpoint's readiness in the client Service queue the
-  owner while a swap is in flight or a swap step runs (drains and readmissions wait on them).
+- EndpointSlice events that change an endpoint's readiness in the serving Service queue the
+  owner while a swap is in flight or a swap step runs (drains and readmissions wait on them),
+  and for a fleet with a router (whose workers follow the pods in serving).
+- Router pod events queue a status refresh (the ROUTER column, RouterReady).
 - Node changes that matter for sizing queue every deployment, which reports "no longer fits".
 - Events of a managed Mooncake master's Deployment queue its owner (its readiness is in the
   status, and a new fleet's StatefulSet waits for it).
@@ -67,7 +69,7 @@ class Controller:
         self.queue = WorkQueue()
         self.informers = Informers()
         self.swapper = act.Swapper()
-        self.touches = act.EndpointTouches(self.touch_service)
+        self.touches = act.EndpointTouches(self.touch_service, self.informers.serving_service)
         self._kube = kube
         self._kube_guard = threading.Lock()
         self.known: dict[Key, float] = {}  # deployment -> when its next resync is due (monotonic)
@@ -89,14 +91,15 @@ class Controller:
                 self._kube = Kube(memo_seconds=INTERVAL, parallel_calls=2 * WORKERS)
             return self._kube
 
-    def start(self, pods: Any, slices: Any, masters: Any) -> None:
+    def start(self, pods: Any, routers: Any, slices: Any, masters: Any) -> None:
         """Start the threads on the first handler call: by then kopf has filled its indexes, and
         the context holds kopf's Event poster, so ``kopf.event`` works from the worker threads."""
         with self._start_guard:
             if self._started:
                 return
             self._started = True
-            self.informers.pods, self.informers.slices, self.informers.masters = pods, slices, masters
+            self.informers.pods, self.informers.routers = pods, routers
+            self.informers.slices, self.informers.masters = slices, masters
             loops = [self._worker] * WORKERS + [self._resync_loop, self._swap_poll_loop, self._endpoint_lag_loop]
             for i, target in enumerate(loops):
                 threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True,
@@ -150,21 +153,22 @@ class Controller:
         if changed or not swapping:
             self.enqueue(key, Request("pod", urgent=swapping))
 
-    def slice_event(self, key: Key, service: str | None, slice_name: str, readiness: dict[str, bool] | None) -> None:
-        """A swap step waits on the readiness of the client Service's endpoints; other slice
-        changes are not news to it (the headless Service's slices change with every flip, and a
-        slice update that leaves every address's readiness as it was has nothing for a step).
-        ``readiness``: ``informers.slice_readiness`` of the slice, None if deleted. A step in
-        progress counts as a swap in flight: the first step of a rollout takes pods out before
-        its status (which starts the swap) is written, and the slice events may come first."""
-        if service != render.names(key[1])["service"]:
-            return
+    def slice_event(self, key: Key, slice_name: str, readiness: dict[str, bool] | None) -> None:
+        """A swap step waits on the readiness of the serving Service's endpoints (the only slices
+        the watch delivers); a slice update that leaves every address's readiness as it was has
+        nothing for a step. ``readiness``: ``informers.slice_readiness`` of the slice, None if
+        deleted. A step in progress counts as a swap in flight: the first step of a rollout takes
+        pods out before its status (which starts the swap) is written, and the slice events may
+        come first. A fleet with a router is stepped on any readiness change: its routers follow
+        the endpoints (``rollout.due``)."""
         self.touches.dirty(key)
         active = key in self.swapping or key in self.stepping
         if active:
-            self.touches.written(key, self.informers.live_pods(key), self.informers.client_endpoints(key),
+            self.touches.written(key, self.informers.live_pods(key), self.informers.serving_endpoints(key),
                                  time.monotonic())
         unready = self.informers.slice_changed(key[0], slice_name, readiness)
+        if unready is not None and not active and self.informers.router_pods(key):
+            self.enqueue(key, Request("endpointslice"))
         if unready is None or not active:
             return
         if unready:  # pods out of serving whose endpoints just turned not ready: read them meanwhile
@@ -172,6 +176,10 @@ class Controller:
                                                   if (p.get("status") or {}).get("podIP") in unready
                                                   and gate.serving_gate(p) is False])
         self.enqueue(key, Request("endpointslice", urgent=True))
+
+    def router_event(self, key: Key) -> None:
+        """A router pod changed: the status shows its readiness."""
+        self.enqueue(key, Request("router"))
 
     def master_event(self, key: Key) -> None:
         """A managed Mooncake master's Deployment changed (created, became ready or not)."""
@@ -258,7 +266,7 @@ class Controller:
         """Touch the client Service of each deployment in a swap (or a step) whose EndpointSlice
         sits on a readiness flip (``rollout.endpoint_lag``)."""
         self.touches.check(set(self.swapping) | set(self.stepping), self.informers.live_pods,
-                           self.informers.client_endpoints, now_)
+                           self.informers.serving_endpoints, now_)
 
     # ------------------------------------------------------------------ one reconcile
 
@@ -280,7 +288,8 @@ class Controller:
             def swap_step(p: Plan, pods: list[dict], restart_hash: str | None) -> act.StepResult | None:
                 spec = p.outcome.spec
                 if p.outcome.ok and spec is not None and (pods or due.pending(previous)) and (
-                        request.trigger == "resync" or due.needed(previous, spec, pods, restart_hash)):
+                        request.trigger == "resync" or
+                        due.needed(previous, spec, pods, restart_hash, self.swapper.routes.get(key))):
                     self.stepping.add(key)  # until its status is written (see slice_event)
                     return self._swap_step(raw, spec, pods, restart_hash, why)
                 return None
@@ -289,7 +298,8 @@ class Controller:
                 result = reconcile(self.kube, raw, self.informers.nodes.nodes(), apply=request.apply, now=now(),
                                    process_backed=process_backed(), post_findings=post_findings,
                                    cached_pods=self.informers.cached_pods(key), master=self.informers.master(key),
-                                   alongside=swap_step, defer_workload=True)
+                                   alongside=swap_step, defer_workload=True,
+                                   router_pods=self.informers.router_pods(key))
             except ChildRefused as refused:
                 failures.report_refused(self, key, raw, refused)
                 metrics.RECONCILES.labels(request.trigger, "invalid").inc()
@@ -383,10 +393,16 @@ class Controller:
         meta = raw["metadata"]
         key = (meta["namespace"], meta["name"])
         secret, field = render.secret_ref(spec, meta["name"], "admin")
+        api_key = None
+        if spec.router_on and render.uses_api_key(spec):  # workers added to the router carry it
+            api_secret, api_field = render.secret_ref(spec, meta["name"], "api")
+            api_key = self.kube.secret_key(meta["namespace"], api_secret, api_field)
         return self.swapper.step(self.kube.api, raw, spec, pods,
-                                 endpoints=lambda: self.informers.client_endpoints(key),
-                                 key=self.kube.admin_key(meta["namespace"], secret, field),
-                                 restart_hash=restart_hash, why=why)
+                                 endpoints=lambda: self.informers.serving_endpoints(key),
+                                 key=self.kube.secret_key(meta["namespace"], secret, field),
+                                 restart_hash=restart_hash, why=why,
+                                 routers=self.informers.router_pods(key) if spec.router_on else [],
+                                 api_key=api_key)
 
     @staticmethod
     def _swap_events(result: Result, step: act.StepResult) -> float | None:

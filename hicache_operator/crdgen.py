@@ -27,6 +27,8 @@ _DROP = {"title", "additionalProperties", "$defs"}
 
 PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Ready pods / spec.replicas"},
+    {"name": "Router", "type": "string", "jsonPath": ".status.routerReady",
+     "description": "Ready router pods / spec.router.replicas (empty without the router)"},
     {"name": "Engine", "type": "string", "jsonPath": ".spec.engine"},
     {"name": "Backend", "type": "string", "jsonPath": ".status.currentBackend",
      "description": "L3 backend the running pods run: the target once all do (empty while no pod runs)"},

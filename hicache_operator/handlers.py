@@ -4,9 +4,9 @@ Every handler only hands its event to the one ``Controller`` (``controller.py``)
 work for its worker threads; nothing here reconciles. HiCacheDeployments get event handlers
 only (no change handlers, timers or daemons), so kopf writes no finalizer and no annotations
 on them and keeps no diff base (``NoDiffBase``); deletion is left to the garbage collector
-through owner references. Pods, the client Services' EndpointSlices and the managed Mooncake
-masters' Deployments are indexed (the controller's informers read kopf's indexes) and their
-events forwarded.
+through owner references. Fleet pods, router pods, the serving Services' EndpointSlices and the
+managed Mooncake masters' Deployments are indexed (the controller's informers read kopf's
+indexes) and their events forwarded.
 """
 
 from __future__ import annotations
@@ -47,14 +47,16 @@ class NoDiffBase(kopf.DiffBaseStorage):
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = NoDiffBase()
     # kopf applies the handlers' label filters after it has received and decoded each event;
-    # these make the API server send only our pods and the client Services' EndpointSlices
+    # these make the API server send only our pods and the serving Services' EndpointSlices
     # (which carry their Service's labels), not every pod of the cluster. The headless
-    # Services' slices change with every pod and nothing reads them.
+    # Services' slices change with every pod and nothing reads them; the client Service's,
+    # while it points at the router, hold router pods.
     ours = f"{labels.MANAGED_BY}={labels.MANAGER}"
     settings.watching.label_selectors["pods"] = ours
     settings.watching.label_selectors[("discovery.k8s.io", "endpointslices")] = \
-        f"{ours},{labels.COMPONENT}={render.CLIENT_SERVICE_COMPONENT}"
-    settings.watching.label_selectors[("apps", "deployments")] = ours
+        f"{ours},{labels.COMPONENT}={render.SERVING_SERVICE_COMPONENT}"
+    # the managed Mooncake masters' Deployments (the router's is followed through its pods)
+    settings.watching.label_selectors[("apps", "deployments")] = f"{ours},{labels.COMPONENT}={render.MASTER_COMPONENT}"
     settings.posting.level = logging.WARNING  # kopf's own chatter stays in the log; our Events are explicit
     settings.posting.reporting_component = labels.MANAGER
     settings.posting.event_name_prefix = "hicache-"
@@ -76,16 +78,17 @@ def shutdown(**_: Any) -> None:
 
 @kopf.on.event(**RESOURCE)
 async def on_deployment(event: dict, body: kopf.Body, namespace: str, name: str, pod_index: kopf.Index,
-                        slice_index: kopf.Index, master_index: kopf.Index, **_: Any) -> None:
-    controller.start(pod_index, slice_index, master_index)
+                        router_index: kopf.Index, slice_index: kopf.Index, master_index: kopf.Index,
+                        **_: Any) -> None:
+    controller.start(pod_index, router_index, slice_index, master_index)
     if event.get("type") == "DELETED":
         controller.deployment_deleted((namespace, name), body)
     elif not body.get("metadata", {}).get("deletionTimestamp"):
         controller.deployment_seen((namespace, name), body, initial=event.get("type") is None)
 
 
-def _owner(body: kopf.Body) -> str | None:
-    return ((body.get("metadata") or {}).get("labels") or {}).get(labels.DEPLOYMENT)
+def _owner(body: kopf.Body, label: str = labels.DEPLOYMENT) -> str | None:
+    return ((body.get("metadata") or {}).get("labels") or {}).get(label)
 
 
 @kopf.index("", "v1", "pods", **OURS)
@@ -94,31 +97,40 @@ async def pod_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
     return {(namespace, owner): pod_essence(body)} if owner else {}
 
 
+@kopf.index("", "v1", "pods", **OURS)
+async def router_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
+    owner = _owner(body, labels.ROUTER)
+    return {(namespace, owner): pod_essence(body)} if owner else {}
+
+
 @kopf.index("discovery.k8s.io", "v1", "endpointslices", **OURS)
 async def slice_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
     service = ((body.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name")
-    return {(namespace, service): slice_readiness(body)} if service else {}
+    owner = _owner(body)
+    return {(namespace, owner): (service, slice_readiness(body))} if service and owner else {}
 
 
 @kopf.on.event("", "v1", "pods", **OURS)
-async def on_pod(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index, slice_index: kopf.Index,
-                 master_index: kopf.Index, **_: Any) -> None:
-    controller.start(pod_index, slice_index, master_index)
+async def on_pod(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index, router_index: kopf.Index,
+                 slice_index: kopf.Index, master_index: kopf.Index, **_: Any) -> None:
+    controller.start(pod_index, router_index, slice_index, master_index)
     owner = _owner(body)
     if owner:
         controller.pod_event((namespace, owner), body["metadata"]["name"],
                              pod_identity(body, deleted=event.get("type") == "DELETED"))
+    elif (router := _owner(body, labels.ROUTER)) is not None:
+        controller.router_event((namespace, router))
 
 
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", **OURS)
 async def on_endpointslice(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index,
-                           slice_index: kopf.Index, master_index: kopf.Index, **_: Any) -> None:
-    controller.start(pod_index, slice_index, master_index)
+                           router_index: kopf.Index, slice_index: kopf.Index, master_index: kopf.Index,
+                           **_: Any) -> None:
+    controller.start(pod_index, router_index, slice_index, master_index)
     owner = _owner(body)
     if owner:
-        meta = body.get("metadata") or {}
-        controller.slice_event((namespace, owner), (meta.get("labels") or {}).get("kubernetes.io/service-name"),
-                               meta.get("name", ""), None if event.get("type") == "DELETED" else slice_readiness(body))
+        controller.slice_event((namespace, owner), (body.get("metadata") or {}).get("name", ""),
+                               None if event.get("type") == "DELETED" else slice_readiness(body))
 
 
 @kopf.index("apps", "v1", "deployments", **OURS)
@@ -128,9 +140,9 @@ async def master_index(body: kopf.Body, namespace: str, **_: Any) -> dict:
 
 
 @kopf.on.event("apps", "v1", "deployments", **OURS)
-async def on_master(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index, slice_index: kopf.Index,
-                    master_index: kopf.Index, **_: Any) -> None:
-    controller.start(pod_index, slice_index, master_index)
+async def on_master(event: dict, body: kopf.Body, namespace: str, pod_index: kopf.Index, router_index: kopf.Index,
+                    slice_index: kopf.Index, master_index: kopf.Index, **_: Any) -> None:
+    controller.start(pod_index, router_index, slice_index, master_index)
     owner = _owner(body)
     if owner:
         controller.master_event((namespace, owner))

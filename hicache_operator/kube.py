@@ -31,6 +31,9 @@ _APPLY_PATHS = {
     "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
     "PodDisruptionBudget": "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}",
     "Deployment": "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
+    "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts/{name}",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/{name}",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
 }
 _APPLY = "application/apply-patch+yaml"
 
@@ -85,7 +88,7 @@ class Kube:
         self.memo_seconds = memo_seconds
         self._secrets_seen: dict[tuple[str, str], float] = {}
         self._template_hashes: dict[tuple[str, str], str | None] = {}
-        self._admin_keys: dict[tuple[str, str, str], tuple[float, str | None]] = {}
+        self._secret_keys: dict[tuple[str, str, str], tuple[float, str | None]] = {}
         self._claims: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
@@ -122,6 +125,22 @@ class Kube:
         if kind == "StatefulSet":
             self._template_hashes[(ns, name)] = _template_hash(live)
         return live
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete one child the operator no longer renders (what it owns goes with it); False when
+        it was gone already."""
+        method, url, headers, body, post = self.api.param_serialize(
+            method="DELETE", resource_path=_APPLY_PATHS[kind], path_params={"namespace": namespace, "name": name},
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body={"propagationPolicy": "Background"}, auth_settings=["BearerToken"])
+        with API_SECONDS.labels("delete", kind).time():
+            resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post)
+            resp.read()
+        if resp.status == 404:
+            return False
+        if not 200 <= resp.status < 300:
+            raise ApiException(http_resp=resp)
+        return True
 
     def concurrently(self, *calls: Callable[[], Any]) -> list[Any]:
         """Run independent API calls at once and return their results in order; the first
@@ -170,10 +189,10 @@ class Kube:
         self._secrets_seen[(namespace, name)] = time.monotonic()
         return True
 
-    def admin_key(self, namespace: str, secret: str, field: str) -> str | None:
-        """The admin API key in the Secret (None: no Secret or no such key), remembered for
-        ``memo_seconds``: every swap step needs it."""
-        memo = self._admin_keys.get((namespace, secret, field))
+    def secret_key(self, namespace: str, secret: str, field: str) -> str | None:
+        """An API key in a Secret (the admin key, the clients' key; None: no Secret or no such
+        key), remembered for ``memo_seconds``: every swap step needs it."""
+        memo = self._secret_keys.get((namespace, secret, field))
         if memo is not None and time.monotonic() - memo[0] < self.memo_seconds:
             return memo[1]
         try:
@@ -183,7 +202,7 @@ class Kube:
                 return None
             raise
         value = base64.b64decode(data[field]).decode() if data.get(field) else None
-        self._admin_keys[(namespace, secret, field)] = (time.monotonic(), value)
+        self._secret_keys[(namespace, secret, field)] = (time.monotonic(), value)
         return value
 
     def claim_access_modes(self, namespace: str, name: str) -> list[str] | None:
@@ -230,17 +249,6 @@ class Kube:
         sel = f"{labels.selector_string(deployment)},{labels.DEPLOYMENT}={deployment}"
         with API_SECONDS.labels("list", "Pod").time():
             return plain_json(self.core.list_namespaced_pod, namespace, label_selector=sel).get("items") or []
-
-    def delete_child(self, kind: str, namespace: str, name: str) -> None:
-        """Delete a child the spec no longer renders (gone already is fine)."""
-        method, url, headers, body, post = self.api.param_serialize(
-            method="DELETE", resource_path=_APPLY_PATHS[kind], path_params={"namespace": namespace, "name": name},
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
-        with API_SECONDS.labels("delete", kind).time():
-            resp = self.api.call_api(method, url, header_params=headers, body=body, post_params=post)
-            resp.read()
-        if resp.status != 404 and not 200 <= resp.status < 300:
-            raise ApiException(http_resp=resp)
 
     def touch_service(self, namespace: str, name: str, stamp: str) -> None:
         """Set the Service's ``labels.ENDPOINTS_RESYNC`` annotation (its own field manager: the

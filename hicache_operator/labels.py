@@ -9,7 +9,8 @@ MANAGER = "hicache-operator"
 NAME = "app.kubernetes.io/name"
 INSTANCE = "app.kubernetes.io/instance"
 COMPONENT = "app.kubernetes.io/component"
-DEPLOYMENT = f"{PREFIX}/deployment"  # the owning HiCacheDeployment's name, on every child and pod
+DEPLOYMENT = f"{PREFIX}/deployment"  # the owning HiCacheDeployment's name, on every child and fleet pod
+ROUTER = f"{PREFIX}/router"  # the owning HiCacheDeployment's name, on its router's pods (not fleet pods)
 
 # Pod template annotations.
 RESTART_HASH = f"{PREFIX}/restart-hash"  # everything but the storage config; a change restarts pods
@@ -25,6 +26,11 @@ ENDPOINTS_RESYNC = f"{PREFIX}/endpoints-resync"
 
 def selector_labels(name: str) -> dict[str, str]:
     return {NAME: "hicache", INSTANCE: name, MANAGED_BY: MANAGER}
+
+
+def router_selector_labels(name: str) -> dict[str, str]:
+    """The router's pods: apart from the fleet's (its StatefulSet, Services and affinity select those)."""
+    return {NAME: "hicache-router", INSTANCE: f"{name}-router", MANAGED_BY: MANAGER}
 
 
 def selector_string(name: str) -> str:

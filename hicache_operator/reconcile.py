@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from hicache_operator import labels, model_progress, model_source, render, sizing
 from hicache_operator.kube import Kube
-from hicache_operator.pods import restart_hash_of
+from hicache_operator.pods import pod_is_terminating, restart_hash_of
 from hicache_operator.rules import rule
 from hicache_operator.status import Desired, EffectiveConfig, MooncakeMasterStatus, RuleNote, build_status
 from hicache_operator.validation import Finding, Outcome, validate
@@ -73,6 +73,7 @@ def plan(body: dict[str, Any], nodes: list[dict] | None, *, process_backed: bool
         normalisations=[RuleNote(rule=f.rule, message=f.message) for f in outcome.of("normalised")],
         warnings=[RuleNote(rule=f.rule, message=f.message) for f in outcome.of("warning")])
     desired = Desired(replicas=spec.replicas, selector=labels.selector_string(owner.name),
+                      router_replicas=spec.router.replicas if spec.router_on else None,
                       restart_hash=effective.restart_hash, storage_hash=effective.storage_hash,
                       backend=spec.hicache.storage.backend, host_pool=render.host_pool_text(spec, sized),
                       effective_config=effective, sizing=sized)
@@ -97,19 +98,25 @@ def master_view(spec: Any, name: str, observed: dict[str, Any] | None) -> Moonca
                                 ready_replicas=ready, ready=ready > 0)
 
 
+FIRST = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding")  # what pods read or need at start
+WORKLOADS = ("Deployment", "StatefulSet")  # what starts pods
+
+
 def start_children(kube: Kube, p: Plan, new_key: Callable[[], str], *,
                    hold_workload: bool = False) -> tuple[list[str], Callable[[], None]]:
-    """Apply what the StatefulSet's pods read (the ConfigMap, the key Secrets) while the other
-    children (Services, PodDisruptionBudget, a managed Mooncake master) are started beside them;
-    returns (the Secrets this call generated, ``finish``). ``finish()`` applies the StatefulSet
-    (after what its pods read, so they never start without it; not at all with
-    ``hold_workload``) and then waits for the rest. Why not
-    all at once: a ClusterIP Service's create allocates an IP, which on a busy API server took
-    ~10x any other apply; nothing waits for it now but the end of the reconcile."""
+    """Apply what the pods read or need at start (the ConfigMap, the key Secrets, the router's
+    ServiceAccount and RBAC: a router that starts without them waits a minute before it looks
+    again) while the Services and the PodDisruptionBudget are started beside them, then start
+    the Deployments (the router, a managed Mooncake master); returns (the Secrets this call
+    generated, ``finish``). ``finish()`` applies the StatefulSet (after what its pods read, so
+    they never start without it; not at all with ``hold_workload``) and then waits for the rest.
+    Why not all at once: a ClusterIP Service's create allocates an IP, which on a busy API
+    server took ~10x any other apply; nothing waits for it now but the end of the reconcile."""
     *others, sts = p.children
     assert sts["kind"] == "StatefulSet", "render.children puts the workload last"
-    first = [lambda child=child: kube.apply(child) for child in others if child["kind"] == "ConfigMap"]
-    beside = [kube.submit(lambda child=child: kube.apply(child)) for child in others if child["kind"] != "ConfigMap"]
+    first = [lambda child=child: kube.apply(child) for child in others if child["kind"] in FIRST]
+    beside = [kube.submit(lambda child=child: kube.apply(child)) for child in others
+              if child["kind"] not in FIRST + WORKLOADS]
     created: list[str] = []
     for secret in render.generated_secrets(p.outcome.spec, p.owner, new_key) if p.outcome.spec else []:
         first.append(lambda secret=secret: created.append(secret["metadata"]["name"])
@@ -128,6 +135,7 @@ def start_children(kube: Kube, p: Plan, new_key: Callable[[], str], *,
     except BaseException:
         wait(beside)
         raise
+    beside += [kube.submit(lambda child=child: kube.apply(child)) for child in others if child["kind"] in WORKLOADS]
     return created, finish
 
 
@@ -142,7 +150,7 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
               process_backed: bool = False, post_findings: bool = False, cached_pods: list[dict] | None = None,
               new_key: Callable[[], str] = lambda: secrets.token_urlsafe(32), master: dict[str, Any] | None = None,
               alongside: Callable[[Plan, list[dict], str | None], Any] | None = None,
-              defer_workload: bool = False) -> Result:
+              defer_workload: bool = False, router_pods: list[dict] | None = None) -> Result:
     """Bring the children in line with the spec (``apply``) and compute the status.
 
     With ``apply`` False nothing is rendered onto the cluster: the reconcile only recomputes the
@@ -155,11 +163,12 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     StatefulSet carries it (None while it does not: no pod is restarted into an older one).
     ``defer_workload``: when every pod runs the current template, leave the StatefulSet's apply,
     and the wait for the Services and the PDB, to the caller as ``Result.workload``, so they go
-    on while the status is written.
-    ``master``: the managed Mooncake master's Deployment as the watch saw it
-    (``informers.master_essence``), None when there is none. A new fleet's StatefulSet waits
-    until that master is ready (pods that started first would run without L3 until restarted);
-    one the spec no longer asks for is deleted.
+    on while the status is written. ``router_pods``: the router's pods as the operator's watch
+    last saw them (for the status; with the router turned off, that some remain means its
+    children are to be removed). ``master``: the managed Mooncake master's Deployment as the
+    watch saw it (``informers.master_essence``), None when there is none. A new fleet's
+    StatefulSet waits until that master is ready (pods that started first would run without L3
+    until restarted); one the spec no longer asks for is deleted.
     """
     meta = body["metadata"]
     name, ns, generation = meta["name"], meta.get("namespace", "default"), int(meta.get("generation") or 0)
@@ -170,7 +179,8 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     if p.desired is None:
         errors = [(f.rule, f.message) for f in p.outcome.errors]
         return Result(build_status(generation=generation, previous=previous, desired=None, errors=errors,
-                                   pods=pods, degraded=[], now=now), p, events=events, pods=pods)
+                                   pods=pods, degraded=[], now=now, router_pods=router_pods or []), p,
+                      events=events, pods=pods)
     spec = p.outcome.spec
     assert spec is not None
     degraded: list[tuple[str, str]] = []
@@ -178,7 +188,7 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     hold = apply and master_status is not None and not master_status.ready and kube.template_hash(ns, name) is None
     if apply and master is not None and master_status is None:
         n = render.names(name)["mooncakeMaster"]
-        kube.concurrently(lambda: kube.delete_child("Deployment", ns, n), lambda: kube.delete_child("Service", ns, n))
+        kube.concurrently(lambda: kube.delete("Deployment", ns, n), lambda: kube.delete("Service", ns, n))
 
     no_restarts = all(restart_hash_of(pod) == p.desired.restart_hash for pod in pods)
     later = apply and defer_workload and no_restarts
@@ -200,6 +210,12 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
             wait([early])  # one step per deployment at a time: it ends before this reconcile does
     else:
         secret_created = children()
+    live_routers = [r for r in router_pods or [] if not pod_is_terminating(r)]
+    if apply and not spec.router_on and (live_routers or previous.get("routerReady") is not None):
+        if any(kube.concurrently(*(lambda kind=kind, child=child: kube.delete(kind, ns, child)
+                                   for _, kind, child in render.router_children(p.owner)))):
+            events.append(("Normal", "RouterRemoved", f"the router is off: removed {render.names(name)['router']}; "
+                           f"Service {name} selects the pods in serving"))
     for which, reason, what in (("admin", "Admin", "the admin API key"), ("api", "Api", "the clients' API key")):
         if which == "api" and not render.uses_api_key(spec):
             continue
@@ -225,7 +241,8 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
             degraded.append(("SizingNoLongerFits", rule("sizing-no-longer-fits").message.format(why=why)))
 
     status = build_status(generation=generation, previous=previous, desired=p.desired, errors=[], pods=pods,
-                          degraded=degraded, now=now, downloads=model_progress.read(pods), master=master_status)
+                          degraded=degraded, now=now, downloads=model_progress.read(pods), master=master_status,
+                          router_pods=router_pods or [])
     if early is not None:
         beside = early.result()
     elif alongside is not None:

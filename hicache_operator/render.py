@@ -7,8 +7,14 @@ same inputs always give byte-identical objects (and hashes). Children:
   config after a live backend swap) never restarts a pod by itself. The operator deletes pods
   whose ``hicache.dev/restart-hash`` (everything but the storage config) is stale, within
   maxUnavailable; a pod that restarts for any reason comes up with the target config.
-- Service ``<name>`` (clients; routes only to Ready pods, so the serving gate removes a pod),
-  headless Service ``<name>-pods`` (stable pod DNS, not-ready addresses published),
+- Service ``<name>`` (clients): the pods in serving (label ``hicache.dev/serving=true``, Ready),
+  or with the router on (``spec.router_on``) the router's pods; then headless Service
+  ``<name>-serving`` selects the pods in serving. The Service selecting the pods in serving (the
+  serving Service, component ``service``) is the one whose EndpointSlices swaps wait on.
+- With the router on: Deployment ``<name>-router`` (sglang-router, discovering the pods in
+  serving through the API server), its ServiceAccount, and a Role and RoleBinding that let it
+  list and watch pods in the namespace, nothing else.
+- Headless Service ``<name>-pods`` (stable pod DNS, not-ready addresses published),
   ConfigMap ``<name>-storage`` (extra config JSON), ConfigMap ``<name>-model`` (the download
   script, with modelSource.huggingFace), Secret ``<name>-admin`` (generated admin key;
   rendered only when it must be created), PodDisruptionBudget ``<name>``.
@@ -36,7 +42,10 @@ API_SECRET_KEY = "api-key"
 CONTAINER = RUNTIME_CONTAINER
 RUN_AS = 1000
 # Volumes every pod gets (name -> mount path); extraVolumes and extraVolumeMounts must not clash.
-CLIENT_SERVICE_COMPONENT = "service"  # the client Service's component label (the operator watches its slices)
+SERVING_SERVICE_COMPONENT = "service"  # the serving Service's component label (the operator watches its slices)
+CLIENT_ROUTER_COMPONENT = "client"  # the client Service's while it points at the router
+ROUTER_CONTAINER = "router"
+ROUTER_METRICS_PORT = 29000
 OPERATOR_VOLUMES = {"storage-config": flags.STORAGE_CONFIG_DIR, "tmp": "/tmp", "dshm": "/dev/shm"}
 MASTER_CONTAINER = "master"
 MASTER_COMPONENT = "mooncake-master"  # the master's app.kubernetes.io/name and component labels
@@ -76,7 +85,15 @@ class Owner:
 
 def names(name: str) -> dict[str, str]:
     return {"statefulset": name, "service": name, "headless": f"{name}-pods", "configmap": f"{name}-storage",
-            "secret": f"{name}-admin", "apiSecret": f"{name}-api", "pdb": name, "mooncakeMaster": f"{name}-mooncake"}
+            "secret": f"{name}-admin", "apiSecret": f"{name}-api", "pdb": name, "router": f"{name}-router",
+            "serving": f"{name}-serving", "mooncakeMaster": f"{name}-mooncake"}
+
+
+def serving_service_name(name: str, router_on: bool) -> str:
+    """The Service that selects the pods in serving: the client Service itself, or ``<name>-serving``
+    while the client Service points at the router."""
+    return names(name)["serving" if router_on else "service"]
+
 
 
 def managed_master(spec: HiCacheDeploymentSpec) -> ManagedMaster | None:
@@ -375,13 +392,132 @@ def statefulset(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner:
     })
 
 
-def service(owner: Owner) -> dict[str, Any]:
+def _http_port() -> list[dict[str, Any]]:
+    return [{"name": "http", "port": flags.RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]
+
+
+def service(owner: Owner, router_on: bool = False) -> dict[str, Any]:
+    """The client Service: the pods in serving, or the router's pods (same name, same port)."""
+    if router_on:
+        return _stamp({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(owner, names(owner.name)["service"], CLIENT_ROUTER_COMPONENT),
+            "spec": {"type": "ClusterIP", "selector": labels.router_selector_labels(owner.name),
+                     "ports": _http_port()},
+        })
     return _stamp({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _meta(owner, names(owner.name)["service"], CLIENT_SERVICE_COMPONENT),
+        "metadata": _meta(owner, names(owner.name)["service"], SERVING_SERVICE_COMPONENT),
         "spec": {"type": "ClusterIP", "selector": {**labels.selector_labels(owner.name), **gate.selector()},
-                 "ports": [{"name": "http", "port": flags.RUNTIME_PORT, "targetPort": "http", "protocol": "TCP"}]},
+                 "ports": _http_port()},
     })
+
+
+def serving_service(owner: Owner) -> dict[str, Any]:
+    """With the router on, the pods in serving (headless: the router reaches pods by their IPs; this
+    Service's EndpointSlices are what swaps wait on, and its DNS name reaches the pods directly)."""
+    return _stamp({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(owner, names(owner.name)["serving"], SERVING_SERVICE_COMPONENT),
+        "spec": {"clusterIP": "None", "selector": {**labels.selector_labels(owner.name), **gate.selector()},
+                 "ports": _http_port()},
+    })
+
+
+def router_args(spec: HiCacheDeploymentSpec, owner: Owner) -> list[str]:
+    """sglang-router's command line: Kubernetes discovery of the pods in serving (the client
+    Service's selector) in the fleet's namespace, at their runtime port."""
+    selector = {**labels.selector_labels(owner.name), **gate.selector()}
+    args = ["--host", "$(POD_IP)", "--port", str(flags.RUNTIME_PORT), "--policy", spec.router.policy,
+            "--service-discovery", "--selector", *(f"{k}={v}" for k, v in selector.items()),
+            "--service-discovery-port", str(flags.RUNTIME_PORT), "--service-discovery-namespace", owner.namespace,
+            "--prometheus-host", "$(POD_IP)", "--prometheus-port", str(ROUTER_METRICS_PORT),
+            "--shutdown-grace-period-secs", str(spec.rollout.drain_timeout_seconds)]
+    if uses_api_key(spec):  # the key the router sends to the pods it discovers
+        args += ["--api-key", f"$({flags.API_KEY_ENV})"]
+    return args
+
+
+def router_pod_labels(owner: Owner) -> dict[str, str]:
+    return {**labels.router_selector_labels(owner.name), labels.COMPONENT: "router", labels.ROUTER: owner.name}
+
+
+def router_deployment(spec: HiCacheDeploymentSpec, owner: Owner, *, process_backed: bool = False) -> dict[str, Any]:
+    n = names(owner.name)
+    http = {"port": "http"}
+    env = [_field_env("POD_IP", "status.podIP")]
+    if uses_api_key(spec):
+        api_name, api_key = secret_ref(spec, owner.name, "api")
+        env.append({"name": flags.API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": api_name, "key": api_key}}})
+    container = {
+        "name": ROUTER_CONTAINER,
+        "image": spec.router.image,
+        "command": ["python", "-m", "sglang_router.launch_router"],
+        "args": router_args(spec, owner),
+        "ports": [{"name": "http", "containerPort": flags.RUNTIME_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": {"requests": {k: str(v) for k, v in spec.router.resources.requests.items()},
+                      "limits": {k: str(v) for k, v in spec.router.resources.limits.items()}},
+        # ready once it routes to at least one healthy pod
+        "readinessProbe": {"httpGet": {**http, "path": "/readiness"}, "periodSeconds": 5, "timeoutSeconds": 2,
+                           "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {**http, "path": "/liveness"}, "periodSeconds": 15, "timeoutSeconds": 5,
+                          "failureThreshold": 4},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "privileged": False, "readOnlyRootFilesystem": True},
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    template = {
+        "metadata": {"labels": router_pod_labels(owner),
+                     "annotations": {labels.PROCESS_BACKED: "true"} if process_backed else {}},
+        "spec": {
+            "serviceAccountName": n["router"],
+            "automountServiceAccountToken": True,  # its discovery lists and watches pods
+            "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "terminationGracePeriodSeconds": spec.rollout.drain_timeout_seconds + 30,
+            "containers": [container],
+        },
+    }
+    return _stamp({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(owner, n["router"], "router"),
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": labels.router_selector_labels(owner.name)},
+            # a new router pod serves before an old one leaves
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "revisionHistoryLimit": 3,
+            "template": template,
+        },
+    })
+
+
+ROUTER_RBAC_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+
+
+def router_rbac(owner: Owner) -> list[dict[str, Any]]:
+    """The router's ServiceAccount, and a Role (pods: list, watch, in this namespace) bound to it."""
+    name = names(owner.name)["router"]
+    return [
+        _stamp({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(owner, name, "router")}),
+        _stamp({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(owner, name, "router"),
+                "rules": ROUTER_RBAC_RULES}),
+        _stamp({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": _meta(owner, name, "router"),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}]}),
+    ]
+
+
+def router_children(owner: Owner) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of what only a fleet with the router has: removed when it is turned off."""
+    n = names(owner.name)
+    return [("apps/v1", "Deployment", n["router"]), ("v1", "Service", n["serving"]),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding", n["router"]),
+            ("rbac.authorization.k8s.io/v1", "Role", n["router"]), ("v1", "ServiceAccount", n["router"])]
 
 
 def headless_service(owner: Owner) -> dict[str, Any]:
@@ -542,11 +678,17 @@ def children(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Ow
     """The applied children, in apply order (the StatefulSet last, after what its pods mount).
 
     The key Secrets are not among them: ``generated_secrets`` renders them, and they are created,
-    never applied, so an existing key cannot be rotated by a re-render."""
+    never applied, so an existing key cannot be rotated by a re-render. With the router on, its
+    ServiceAccount, Role and RoleBinding come right after the ConfigMaps (its pods need them at start)."""
     managed = managed_master(spec)
     master = [] if managed is None else [
         mooncake_master_service(managed, owner),
         mooncake_master_deployment(spec, managed, owner, process_backed=process_backed)]
     model = model_configmap(spec, owner)
-    return [configmap(spec, owner), *([model] if model else []), headless_service(owner), service(owner),
-            pdb(spec, owner), *master, statefulset(spec, sizing, owner, process_backed=process_backed)]
+    configmaps = [configmap(spec, owner), *([model] if model else [])]
+    sts = statefulset(spec, sizing, owner, process_backed=process_backed)
+    if not spec.router_on:
+        return [*configmaps, headless_service(owner), service(owner), pdb(spec, owner), *master, sts]
+    return [*configmaps, *router_rbac(owner), headless_service(owner), serving_service(owner),
+            service(owner, router_on=True), pdb(spec, owner), *master,
+            router_deployment(spec, owner, process_backed=process_backed), sts]

@@ -228,6 +228,11 @@ RULES: tuple[Rule, ...] = (
     Rule("pods-per-node-memory-bound", "warning",
          "node {node} has GPUs for {by_gpus} pods of this deployment but allocatable memory for {by_memory} at "
          "{need} each, so {idle} GPUs stay idle there: lower the host pool, or use hicache.hostPool.fromNodeMemory"),
+    Rule("router-cache-split", "warning",
+         "router.policy cache_aware with router.replicas {replicas}: each router pod learns what every pod "
+         "caches from the requests it routes itself, and the client Service spreads a conversation's turns over "
+         "the router pods, so turns land on pods without their prefix; set router.replicas to 1 (a router "
+         "pod routes thousands of requests a second), or choose another policy"),
     Rule("model-claim-not-shared", "warning",
          "{what} PersistentVolumeClaim {claim} has access modes {modes}, which attach it to one node, and "
          "the {replicas} pods run on {replicas} nodes: use a {needed} claim"),

@@ -328,6 +328,31 @@ class ModelSource(_Model):
     image: ImageSource | None = None
 
 
+ROUTER_IMAGE = "ghcr.io/hicache-dev/hicache-router:0.1.0"  # the Dockerfile's router target: sglang-router's wheel
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+
+
+class Router(_Model):
+    """SGLang's router (sglang-router) in front of the fleet: a Deployment that finds the pods in
+    serving through the API server and routes each request to one of them."""
+
+    enabled: bool | None = Field(None, description="Run the router; unset: on when replicas > 1. On, the client "
+                                                   "Service <name> points at the router and <name>-serving at "
+                                                   "the pods in serving.")
+    image: str = Field(ROUTER_IMAGE, min_length=1, max_length=512, pattern=r"^\S(.*\S)?$",
+                       description="An image with sglang-router 0.3.2 (python -m sglang_router.launch_router).")
+    replicas: int = Field(1, ge=1, le=64, description="Router pods; each routes on its own view of what every pod "
+                                                      "holds.")
+    policy: Literal[ROUTER_POLICIES] = Field(  # type: ignore[valid-type]
+        "cache_aware", description="cache_aware: to the pod holding the longest prefix of the request, unless "
+                                   "the load is imbalanced; round_robin, power_of_two (the less loaded of two), "
+                                   "random.")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "500m", "memory": "512Mi"}, limits={"memory": "2Gi"}),
+        description="The router container's requests and limits (default: 500m CPU and 512Mi requested, 2Gi "
+                    "memory limit).")
+
+
 class HiCacheDeploymentSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_cel("spec"))
     engine: Literal[flags.ENGINES] = Field("bundled", description="bundled cache runtime or sglang.launch_server.")  # type: ignore[valid-type]
@@ -372,6 +397,7 @@ class HiCacheDeploymentSpec(_Model):
                                            "the runtime container's env (env vars set explicitly win).")
     extra_args: list[str] = Field(default_factory=list, description="Arguments appended to the engine's command "
                                   "line; a flag the operator renders from a spec field is refused naming the field.")
+    router: Router = Field(default_factory=Router, description="SGLang's router in front of the pods.")
     pod_template: PodTemplate = Field(default_factory=PodTemplate,
                                       description="Labels, annotations and PodSpec fields merged onto the pods.")
     admin_key_secret_ref: SecretKeyRef | None = Field(
@@ -380,6 +406,11 @@ class HiCacheDeploymentSpec(_Model):
         None, description="Secret holding the clients' API key (--api-key). engine sglang always has one (unset: "
                           "the operator generates <name>-api), since without it SGLang serves /server_info, admin "
                           "key included, to anyone; engine bundled uses it when set.")
+
+    @property
+    def router_on(self) -> bool:
+        """Whether the router runs: ``router.enabled``, unset meaning more than one replica."""
+        return self.router.enabled if self.router.enabled is not None else self.replicas > 1
 
     @property
     def ranks_per_pod(self) -> int:

@@ -23,6 +23,7 @@ from hicache_operator.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition
 from hicache_operator.pods import (
     annotation,
     init_running,
+    pod_is_ready,
     pod_serves,
     pod_is_terminating,
     pod_runs,
@@ -32,7 +33,8 @@ from hicache_operator.sizing import SizingRecord, fmt_bytes
 
 SWAP_CONDITIONS = (SWAP_IN_PROGRESS, SWAP_FAILED)
 REFUSED_REASON = "RefusedByAPIServer"
-OWN_CONDITIONS = ("ConfigValid", "Ready", "Progressing", "Degraded", *SWAP_CONDITIONS)
+ROUTER_READY = "RouterReady"
+OWN_CONDITIONS = ("ConfigValid", "Ready", "Progressing", "Degraded", ROUTER_READY, *SWAP_CONDITIONS)
 
 
 class _Model(BaseModel):
@@ -91,6 +93,8 @@ class HiCacheDeploymentStatus(_Model):
     target_backend: str | None = Field(None, description="L3 backend the spec asks for.")
     swap_progress: str | None = Field(
         None, description="Running pods on the target storage config / spec.replicas.")
+    router_ready: str | None = Field(
+        None, description="Ready router pods / spec.router.replicas, for the ROUTER column; unset without the router.")
     backend_swap: dict[str, Any] | None = Field(None, description="Backend swap state, owned by the rollout module.")
     mooncake_master: MooncakeMasterStatus | None = Field(
         None, description="The managed Mooncake master's readiness; unset without one.")
@@ -102,6 +106,7 @@ class Desired:
 
     replicas: int
     selector: str
+    router_replicas: int | None  # spec.router.replicas with the router on, else None
     restart_hash: str
     storage_hash: str
     backend: str
@@ -164,7 +169,7 @@ class Observed:
     message) found outside the pods (the sizing no longer fits, a Secret is missing).
     ``swap``: None means as ``previous`` has it. ``downloads``: pod -> the progress its model
     download reports (``model_download.Progress.report``). ``master``: the managed Mooncake
-    master, None without one."""
+    master, None without one. ``router_pods``: the router's pods, as the watch shows them."""
 
     generation: int
     previous: dict[str, Any]
@@ -177,6 +182,7 @@ class Observed:
     swap: SwapView | None = None
     downloads: dict[str, dict[str, Any]] = field(default_factory=dict)
     master: MooncakeMasterStatus | None = None
+    router_pods: tuple[dict, ...] = ()
 
 
 class Status(dict):
@@ -196,11 +202,12 @@ def build_status(*, generation: int, previous: dict | None, desired: Desired | N
                  errors: list[tuple[str, str]], pods: list[dict], degraded: list[tuple[str, str]],
                  now: str, spec_replicas: int | None = None, swap: SwapView | None = None,
                  downloads: dict[str, dict[str, Any]] | None = None,
-                 master: MooncakeMasterStatus | None = None) -> Status:
+                 master: MooncakeMasterStatus | None = None, router_pods: list[dict] | None = None) -> Status:
     """``derive`` of one reconcile's observation; ``degraded`` are its ``problems``."""
     return derive(Observed(generation=generation, previous=previous or {}, now=now, desired=desired,
                            errors=tuple(errors), pods=tuple(pods), problems=tuple(degraded),
-                           spec_replicas=spec_replicas, swap=swap, downloads=downloads or {}, master=master))
+                           spec_replicas=spec_replicas, swap=swap, downloads=downloads or {}, master=master,
+                           router_pods=tuple(router_pods or ())))
 
 
 @dataclass
@@ -246,6 +253,9 @@ def derive(o: Observed) -> Status:
         out["swapProgress"] = f"{len(fleet.on_target)}/{fleet.replicas}"
     if swap.state is not None:
         out["backendSwap"] = swap.state
+    router = _router(o)
+    if router is not None:
+        out["routerReady"] = router.message.split(" ", 1)[0]
     if o.master is not None:
         out["mooncakeMaster"] = o.master.model_dump(by_alias=True, exclude_none=True)
     progressing = _progressing(o, swap, fleet)
@@ -255,10 +265,26 @@ def derive(o: Observed) -> Status:
              _degraded(o, swap, fleet, settled=progressing[0] in (None, "PodsStarting", "ModelDownloading")),
              condition("Ready", ready, "AllReplicasReady" if ready else "ReplicasNotReady",
                        f"{fleet.ready}/{fleet.replicas} pod(s) ready"),
-             *(Condition.model_validate(c) for c in swap.conditions)]
+             *(Condition.model_validate(c) for c in swap.conditions), *([router] if router else [])]
     out["conditions"] = set_conditions(o.previous.get("conditions") or [], conds, o.generation, o.now,
                                        drop=OWN_CONDITIONS)
     return Status(out, o)
+
+
+def _router(o: Observed) -> Condition | None:
+    """RouterReady (ready router pods >= spec.router.replicas) with the router on, else None. For an
+    invalid spec: as the last valid one had it (its router keeps running)."""
+    if o.desired is not None:
+        want = o.desired.router_replicas
+    else:
+        shown = o.previous.get("routerReady")
+        want = int(shown.split("/")[1]) if isinstance(shown, str) and shown.count("/") == 1 and \
+            shown.split("/")[1].isdigit() else None
+    if want is None:
+        return None
+    ready = sum(1 for p in o.router_pods if pod_is_ready(p) and not pod_is_terminating(p))
+    return condition(ROUTER_READY, ready >= want, "RouterPodsReady" if ready >= want else "RouterPodsNotReady",
+                     f"{ready}/{want} router pod(s) ready")
 
 
 def _fleet(o: Observed, swap: SwapView) -> _Fleet:

@@ -108,6 +108,8 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
             k.startswith(OPERATOR_KEY_PREFIX) for k in meta.annotations):
         out.append(finding("pod-template-metadata"))
     out += check_extra_args(spec)
+    if spec.router_on and spec.router.policy == "cache_aware" and spec.router.replicas > 1:
+        out.append(finding("router-cache-split", replicas=spec.router.replicas))
     return out + check_engine(spec)
 
 
@@ -334,6 +336,23 @@ def _check_resources(spec: HiCacheDeploymentSpec, rendered: dict[str, dict[str, 
     return out
 
 
+def _check_router_resources(spec: HiCacheDeploymentSpec) -> list[tuple[str, str]]:
+    out = []
+    res = spec.router.resources
+    for which in ("requests", "limits"):
+        for name, value in getattr(res, which).items():
+            q = sizing.quantity(value)
+            if not _qualified(name):
+                out.append((f"router.resources.{which}", f"{name!r} is not a valid resource name"))
+            elif q is None or q < 0:
+                out.append((f"router.resources.{which}.{name}", f"{value!r} is not a quantity >= 0"))
+    if not out:
+        for name, req in res.requests.items():
+            if name in res.limits and sizing.quantity(req) > sizing.quantity(res.limits[name]):
+                out.append((f"router.resources.requests.{name}", f"{req} exceeds the limit {res.limits[name]}"))
+    return out
+
+
 def check_pod_fields(spec: HiCacheDeploymentSpec, sizing_record: dict[str, Any] | None, *,
                      compare_memory: bool = True) -> list[Finding]:
     """Fields copied into the pod template, checked with the API server's own rules so that a
@@ -356,6 +375,7 @@ def check_pod_fields(spec: HiCacheDeploymentSpec, sizing_record: dict[str, Any] 
         problems.append(("affinity.nodeAffinity", "must be an object"))
     problems += _check_volumes(spec)
     problems += _check_resources(spec, render.resources(spec, sizing_record), compare_memory)
+    problems += _check_router_resources(spec)
     return [finding("invalid-pod-field", field=f, problem=p) for f, p in problems]
 
 

@@ -2,7 +2,7 @@
 # A kind cluster running hicache-operator from locally built images, for machines WITH
 # Docker (the test suite itself needs neither: it uses tests/cluster).
 #
-#   scripts/kind-up.sh            create (or reuse) the cluster, build + load both images,
+#   scripts/kind-up.sh            create (or reuse) the cluster, build + load the images,
 #                                 advertise fake GPUs, helm install the chart
 #   scripts/kind-up.sh --no-chart the same without installing the chart (for the chart e2e,
 #                                 which installs its own release)
@@ -21,6 +21,7 @@ VERSION="$(awk '/^appVersion:/ {gsub(/"/, "", $2); print $2}' charts/hicache-ope
 # the names the chart and the samples use (the release process pushes them: docs/release.md)
 OPERATOR_IMAGE="ghcr.io/hicache-dev/hicache-operator:$VERSION"
 RUNTIME_IMAGE="ghcr.io/hicache-dev/hicache-runtime:$VERSION"
+ROUTER_IMAGE="ghcr.io/hicache-dev/hicache-router:$VERSION"
 KUBECONFIG_OUT="${XDG_CACHE_HOME:-$HOME/.cache}/hicache-operator/kind-$CLUSTER.kubeconfig"
 install_chart=1
 
@@ -51,7 +52,9 @@ export KUBECONFIG="$KUBECONFIG_OUT"
 
 log "building $OPERATOR_IMAGE"
 docker build --target operator -t "$OPERATOR_IMAGE" .
-images=("$OPERATOR_IMAGE")
+log "building $ROUTER_IMAGE"
+docker build --target router -t "$ROUTER_IMAGE" .
+images=("$OPERATOR_IMAGE" "$ROUTER_IMAGE")
 if [[ "${SKIP_RUNTIME_IMAGE:-0}" != 1 ]]; then
   log "building $RUNTIME_IMAGE (CUDA base, compiles kernels/: large and slow the first time)"
   docker build --target runtime -t "$RUNTIME_IMAGE" .

@@ -17,7 +17,7 @@ step "python virtualenv ($VENV)"
 stamp="$VENV/.hicache-deps-$(sha256sum pyproject.toml | cut -c1-16)"
 if [[ ! -f "$stamp" ]]; then
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e '.[runtime,dev,kernels-build]'
+  "$VENV/bin/pip" install -q -e '.[runtime,router,dev,kernels-build]'
   touch "$stamp"
 else
   echo "dependencies up to date"

@@ -5,7 +5,8 @@
 - ``pods``: the fleets' pods (kopf's index, filled from the pod watch), what a swap step must
   hear about at once (``pod_identity``), and the serving gates the operator's own patches set
   that the watch has not delivered yet;
-- ``slices``: the client Services' EndpointSlices (kopf's index): pod IP -> ready;
+- ``routers``: the fleets' router pods (kopf's index);
+- ``slices``: the serving Services' EndpointSlices (kopf's index): the Service, pod IP -> ready;
 - ``masters``: the managed Mooncake masters' Deployments (kopf's index).
 
 The kopf handlers (``handlers``) fill these; the controller's workers read them.
@@ -79,14 +80,16 @@ def slice_readiness(endpoint_slice: Mapping[str, Any]) -> dict[str, bool]:
 
 
 class Informers:
-    """The caches (see the module docstring). ``pods``/``slices``: kopf's indexes, mappings of
-    (namespace, deployment) -> pod essences and (namespace, service) -> slice readiness."""
+    """The caches (see the module docstring). ``pods``/``routers``/``slices``/``masters``: kopf's indexes,
+    mappings of (namespace, deployment) -> fleet pod essences, router pod essences, and (the
+    serving Service's name, slice readiness) per slice."""
 
     def __init__(self) -> None:
         self.bodies = BodyCache()
         self.nodes: NodeCache | None = None
         self.pods: Mapping[Key, Any] = {}
-        self.slices: Mapping[tuple[str, str], Any] = {}
+        self.routers: Mapping[Key, Any] = {}
+        self.slices: Mapping[Key, Any] = {}
         self.masters: Mapping[Key, Any] = {}
         self._guard = threading.Lock()
         self._identities: dict[tuple[Key, str], tuple] = {}  # (deployment, pod) -> pod_identity
@@ -159,17 +162,25 @@ class Informers:
                 del self.acked_gates[key]
         return pods
 
-    def endpoints(self, namespace: str, service: str) -> dict[str, bool]:
-        """Pod IP -> ready, over the Service's EndpointSlices as the watch last saw them."""
+    def router_pods(self, key: Key) -> list[dict]:
+        """The deployment's router pods as the watch last saw them (read only)."""
+        return list(self.routers.get(key, []))
+
+    def serving_endpoints(self, key: Key) -> dict[str, bool]:
+        """Pod IP -> ready, over the deployment's serving Service's EndpointSlices as the watch
+        last saw them (a Service's view is the union of its slices', ready if any says so)."""
         out: dict[str, bool] = {}
-        for readiness in list(self.slices.get((namespace, service), [])):
+        for _service, readiness in list(self.slices.get(key, [])):
             for ip, ready in readiness.items():
                 out[ip] = out.get(ip, False) or ready
         return out
 
-    def client_endpoints(self, key: Key) -> dict[str, bool]:
-        """``endpoints`` of the deployment's client Service."""
-        return self.endpoints(key[0], render.names(key[1])["service"])
+    def serving_service(self, key: Key) -> str:
+        """The name of the deployment's serving Service, as its slices show it (the client
+        Service's name until one is seen)."""
+        for service, _readiness in list(self.slices.get(key, [])):
+            return service
+        return render.names(key[1])["service"]
 
     def still_out(self, key: Key, pod: dict) -> bool:
         """Whether the watches show the pod (same uid and IP, not being deleted) out of serving,
@@ -182,7 +193,7 @@ class Informers:
         with self._guard:
             noted = (self.acked_gates.get(key) or {}).get(name)
         gate = noted[1] if noted is not None and noted[0] == uid else serving_gate(live)
-        return gate is False and self.client_endpoints(key).get(ip) is not True
+        return gate is False and self.serving_endpoints(key).get(ip) is not True
 
     def forget(self, key: Key) -> None:
         """The deployment is gone."""

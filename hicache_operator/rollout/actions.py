@@ -35,6 +35,16 @@ class SetServingGate:
 
 
 @dataclass(frozen=True)
+class SetRouted:
+    """Add the pod to (``routed``) or remove it from every router pod's workers, and return once
+    their lists show it (``routing``)."""
+
+    pod: str
+    uid: str
+    routed: bool
+
+
+@dataclass(frozen=True)
 class Detach:
     """``DELETE /hicache/storage-backend`` on the pod's runtime."""
 
@@ -60,7 +70,7 @@ class DeletePod:
     uid: str
 
 
-Action = Union[SetServingGate, Detach, Attach, DeletePod]
+Action = Union[SetServingGate, SetRouted, Detach, Attach, DeletePod]
 
 
 @dataclass(frozen=True)
@@ -101,15 +111,16 @@ class ActionOutcome:
 
 def apply_outcomes(state: SwapState, outcomes: Sequence[ActionOutcome]) -> SwapState:
     """Record runtime-call errors on their pods' records so the next step can
-    name the cause (and give up at once on a fatal one). Gate failures need no
-    record: the next observation still shows the old gate and the step is
-    planned again. Losing this (a crash before persisting) only delays the
+    name the cause (and give up at once on a fatal one). Gate and router
+    failures need no record: the next observation still shows the old gate or
+    worker list and the step is planned again. Losing this (a crash before persisting) only delays the
     diagnosis; the planner retries and learns the error anew."""
     pods = dict(state.pods)
     for outcome in outcomes:
         action = outcome.action
         record = pods.get(action.pod)
-        if outcome.error is None or isinstance(action, SetServingGate) or record is None or record.uid != action.uid:
+        if outcome.error is None or isinstance(action, (SetServingGate, SetRouted)) or record is None \
+                or record.uid != action.uid:
             continue
         pods[action.pod] = record.model_copy(
             update={"error": clip_message(outcome.error), "fatal": not outcome.retryable}

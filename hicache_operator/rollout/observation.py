@@ -29,7 +29,10 @@ class PodObservation(BaseModel):
     ``started_on_target``: the pod was created with the target storage config
     on its command line (its template carried it). ``stale_template``: the pod
     runs an older pod template than the one its StatefulSet now carries (a
-    restart brings it the new one).
+    restart brings it the new one). ``router_replicas``: the fleet's router pods that may route
+    (0: no router); ``routed_by``: how many of them list the pod as a worker (None: one of them
+    could not be read), see ``routing``. ``ready``: the pod's Ready condition (None: unknown), which
+    a router's workers follow without the EndpointSlice's lag.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -46,6 +49,9 @@ class PodObservation(BaseModel):
     runtime_error: str | None = None
     started_on_target: bool = False
     stale_template: bool = False
+    ready: bool | None = None
+    router_replicas: NonNegativeInt = 0
+    routed_by: NonNegativeInt | None = 0
     observed_at: AwareDatetime
 
     @property
@@ -71,9 +77,20 @@ class PodObservation(BaseModel):
         return None
 
     @property
+    def unrouted(self) -> bool:
+        """No router sends it requests (none lists it, or there is no router)."""
+        return self.routed_by == 0
+
+    @property
+    def fully_routed(self) -> bool:
+        """Every router pod lists it (so with no router, trivially)."""
+        return self.routed_by is not None and self.routed_by >= self.router_replicas
+
+    @property
     def available(self) -> bool:
         """Counts as serving for the maxUnavailable budget."""
-        return self.live and self.phase == "Running" and self.serving_gate is True and self.endpoint_ready is True
+        return self.live and self.phase == "Running" and self.serving_gate is True and self.endpoint_ready is True \
+            and self.fully_routed
 
 
 class RolloutSettings(BaseModel):

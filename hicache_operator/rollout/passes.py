@@ -17,7 +17,10 @@ What keeps this as safe as one pass per step:
   waits on it. A record created in this step therefore never gets a runtime call in this
   step: its pod was not re-read. The persisted-record rule of the planner holds.
 - Gate patches that succeeded are applied to the observations (the API server acknowledged
-  them), so a later pass neither repeats them nor mistakes an admitted pod for a new one.
+  them), so a later pass neither repeats them nor mistakes an admitted pod for a new one; so are
+  router changes (the router pods' lists showed them). A pod just removed from the routers under
+  a record persisted before the step is read again like one whose runtime was called: requests
+  routed to it before may still run.
 - A failed call ends the loop: the error goes into the state (``apply_outcomes``) and the next
   step reads the pod afresh, as before.
 - The operator may die between passes: what it did is what one pass per step could have done
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from .actions import Action, ActionOutcome, Attach, Detach, Event, SwapPlan, SetServingGate, apply_outcomes
+from .actions import Action, ActionOutcome, Attach, Detach, Event, SetRouted, SetServingGate, SwapPlan, apply_outcomes
 from .observation import PodObservation, RolloutSettings
 from .planner import plan_step
 from .state import InvalidSwapState, PodSwap, Stage, SwapState
@@ -107,11 +110,13 @@ async def run_passes(target: StorageConfig | Mapping[str, Any], observations: Se
         for name in handed.finished:
             seen[name] = seen[name].model_copy(update={"endpoint_ready": True})
         for outcome in outcomes + handed.outcomes:
-            action = outcome.action
-            if outcome.error is None and isinstance(action, SetServingGate) and action.pod in seen:
-                seen[action.pod] = seen[action.pod].model_copy(update={"serving_gate": action.serving})
-        called = [o.action.pod for o in outcomes
-                  if o.error is None and isinstance(o.action, (Detach, Attach)) and o.action.pod in seen]
+            if outcome.error is None and outcome.action.pod in seen:
+                seen[outcome.action.pod] = acknowledged(seen[outcome.action.pod], outcome.action)
+        # a router change is followed only under a record persisted before the step: a record the
+        # step created must not meet a fresh read (its runtime is touched only in a later step)
+        called = [o.action.pod for o in outcomes if o.error is None and o.action.pod in seen and (
+            isinstance(o.action, (Detach, Attach)) or
+            isinstance(o.action, SetRouted) and persisted.get(o.action.pod) == o.action.uid)]
         if not called:
             break
         if endpoint_ready is not None:
@@ -124,6 +129,15 @@ async def run_passes(target: StorageConfig | Mapping[str, Any], observations: Se
     assert run is not None
     run.observed = seen
     return run
+
+
+def acknowledged(obs: PodObservation, action: Action) -> PodObservation:
+    """The observation with a gate patch or router change that succeeded."""
+    if isinstance(action, SetServingGate):
+        return obs.model_copy(update={"serving_gate": action.serving})
+    if isinstance(action, SetRouted):
+        return obs.model_copy(update={"routed_by": obs.router_replicas if action.routed else 0})
+    return obs
 
 
 def _persisted_records(state: SwapState | Mapping[str, Any] | None) -> dict[str, str]:
@@ -148,7 +162,7 @@ def _still_draining(state: SwapState, persisted: Mapping[str, str], seen: Mappin
     return [name for name, rec in state.pods.items()
             if rec.stage is Stage.DRAINING and persisted.get(name) == rec.uid and name not in called
             and name in seen and seen[name].uid == rec.uid and seen[name].serving_gate is False
-            and seen[name].endpoint_ready is not True
+            and seen[name].endpoint_ready is not True and seen[name].unrouted
             and not (seen[name].idle and seen[name].observed_at > rec.acted_at)]
 
 
@@ -267,9 +281,8 @@ async def run_handover(run: Passes, target: StorageConfig | Mapping[str, Any], s
         on_plan(plan)
     outcomes = await execute(plan.actions)
     for outcome in outcomes:
-        action = outcome.action
-        if outcome.error is None and action.pod in seen:
-            seen[action.pod] = seen[action.pod].model_copy(update={"serving_gate": action.serving})
+        if outcome.error is None and outcome.action.pod in seen:
+            seen[outcome.action.pod] = acknowledged(seen[outcome.action.pod], outcome.action)
     return Passes(plan=plan, state=apply_outcomes(plan.state, outcomes), actions=run.actions + plan.actions,
                    outcomes=run.outcomes + outcomes, events=run.events + plan.events, passes=run.passes + 1,
                    observed=seen)
@@ -287,7 +300,7 @@ def watch_will_follow(run: Passes) -> bool:
     set False on a pod with no ready endpoint changes nothing a watch reports."""
     if any(o.error is not None for o in run.outcomes):
         return False
-    if any(isinstance(a, (Detach, Attach)) for a in run.plan.actions):
+    if any(isinstance(a, (Detach, Attach, SetRouted)) for a in run.plan.actions):
         return False
     for action in run.actions:
         if isinstance(action, SetServingGate):

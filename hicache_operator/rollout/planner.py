@@ -44,6 +44,14 @@ Verification is the next pass's GET, not an action: it then holds whether or
 not the operator survived the attach. No runtime call is made while the pod
 is routable or busy, even by a stale record.
 
+With a router in front of the fleet (``routing``), "routable" includes its
+worker lists: a pod taken out of serving is also removed from every router
+pod (``SetRouted``), and drained only once none lists it; a readmitted pod
+joins every router pod once its endpoint is ready again, and its record ends
+only when every router pod lists it. Pods without a record follow their
+endpoint: a pod in serving with a ready endpoint that a router lacks is added,
+one whose endpoint is not ready (or that is terminating) is removed.
+
 Crash safety: a runtime call is only made for a pod whose record (holding
 ``previous``) came from the persisted state, never in the step that creates
 it. A record whose pod is seen serving again (its readmission was never
@@ -81,7 +89,7 @@ from typing import Any, Mapping, Sequence
 
 from hicache_operator.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition
 
-from .actions import Action, Attach, DeletePod, Detach, Event, SetServingGate, SwapPlan
+from .actions import Action, Attach, DeletePod, Detach, Event, SetRouted, SetServingGate, SwapPlan
 from .observation import PodObservation, RolloutSettings
 from .state import Failure, InvalidSwapState, Phase, PodSwap, Stage, SwapState
 from .storage_config import (
@@ -237,20 +245,28 @@ class _Planner:
         if fresh and obs.reachable and config_matches(obs.backend, self.target):
             self._set(name, self._moved(rec, Stage.READMITTING))
             return True
-        if fresh and obs.serving_gate is False and obs.endpoint_ready is not True and obs.reachable and obs.idle:
+        if fresh and obs.serving_gate is False and obs.endpoint_ready is not True and obs.unrouted and obs.reachable \
+                and obs.idle:
             self._set(name, self._moved(rec, Stage.SWAPPING))
             return True
         if self._timed_out(rec):
             self._fail(name, "DrainTimeout", f"not drained after {self._elapsed(rec):.0f}s: {self._blockers(obs, fresh)}")
             return True
-        if fresh and obs.serving_gate is not False:
-            self._act(name, rec, SetServingGate(name, rec.uid, False))
+        self._take_out(name, rec, obs, fresh)
         return False
 
+    def _take_out(self, name: str, rec: PodSwap, obs: PodObservation, fresh: bool) -> None:
+        """Out of serving: the label first, then off the routers."""
+        if fresh and obs.serving_gate is not False:
+            self._act(name, rec, SetServingGate(name, rec.uid, False))
+        elif obs.serving_gate is False and not obs.unrouted:
+            self._act(name, rec, SetRouted(name, rec.uid, False))
+
     def _draining_for_restart(self, name: str, rec: PodSwap, obs: PodObservation, fresh: bool) -> bool:
-        """Delete the pod once drained, or when the drain times out. A runtime that does not
-        answer is not taken as drained: a read that timed out may hide requests still running."""
-        out = obs.serving_gate is False and obs.endpoint_ready is not True
+        """Delete the pod once drained (out of serving, off every router, idle), or when the drain
+        times out. A runtime that does not answer is not taken as drained: a read that timed out
+        may hide requests still running."""
+        out = obs.serving_gate is False and obs.endpoint_ready is not True and obs.unrouted
         if fresh and out and obs.reachable and obs.idle:
             self._delete(name, rec)
             return False
@@ -259,8 +275,7 @@ class _Planner:
                         f"({self._blockers(obs, fresh)}); restarting it anyway", name)
             self._delete(name, rec)
             return False
-        if fresh and obs.serving_gate is not False:
-            self._act(name, rec, SetServingGate(name, rec.uid, False))
+        self._take_out(name, rec, obs, fresh)
         return False
 
     def _restarting(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
@@ -308,10 +323,18 @@ class _Planner:
         return True
 
     def _readmitting(self, name: str, rec: PodSwap, obs: PodObservation) -> bool:
-        if obs.serving_gate is True and obs.endpoint_ready is True:
-            # Back in serving. Both come from the watches, not the runtime, so this needs no
-            # runtime read newer than the readmission (the operator reuses the verify step's).
-            del self.records[name]
+        if obs.serving_gate is True and obs.endpoint_ready is True and obs.ready is not False:
+            if obs.fully_routed:
+                # Back in serving. All of it comes from the watches and the routers, not the
+                # runtime, so this needs no runtime read newer than the readmission (the operator
+                # reuses the verify step's).
+                del self.records[name]
+            elif self._timed_out(rec):
+                del self.records[name]
+                self._event("Warning", "PodNotRouted", f"pod {name} is back in serving but not a worker of every "
+                            f"router pod after {self._elapsed(rec):.0f}s ({self._blockers(obs, True)})", name)
+            else:  # the routers follow the Service: the pod joins them once its endpoint is ready
+                self._act(name, rec, SetRouted(name, rec.uid, True))
             return False
         if not self._fresh(obs, rec):
             return False
@@ -349,12 +372,12 @@ class _Planner:
                          f"expected {want.describe()}")
         # Never touch a runtime that is routable or busy (a stale record may
         # meet a pod that went back into serving).
-        if obs.serving_gate is not False or obs.endpoint_ready is True or not obs.idle:
+        if obs.serving_gate is not False or obs.endpoint_ready is True or not obs.unrouted or not obs.idle:
             if self._timed_out(rec):
                 return _Fail("DrainTimeout", f"not drained after {self._elapsed(rec):.0f}s: "
                              f"{self._blockers(obs, True)}")
-            if obs.serving_gate is not False:
-                self._act(name, rec, SetServingGate(name, rec.uid, False))
+            if obs.serving_gate is not False or not obs.unrouted:
+                self._take_out(name, rec, obs, True)
                 return _ACTED
             return _WAIT
         if rec.calls >= self.settings.max_runtime_calls:
@@ -410,15 +433,22 @@ class _Planner:
 
     def _start_and_admit(self, live: list[PodObservation]) -> None:
         unavailable = {o.name for o in live if not o.available} | set(self.records)
+        # pods leaving the routers in this pass (not Ready) are not taken out for free, but no
+        # longer count as serving
+        counted = unavailable | {o.name for o in live if self._leaves_routers(o)}
         budget = self.settings.budget(self._fleet_size(live))
         absent = self._absent(live)
         stale = sorted((o for o in live if o.stale_template and o.name not in self.records
                         and o.name not in self.acted), key=lambda o: natural_key(o.name), reverse=True)
         for obs in stale:
-            if obs.name in unavailable:  # not serving anyway: no drain, no cost to the budget
-                self._restart_now(obs)
-            elif len(unavailable) + absent < budget:
+            if obs.name in unavailable:  # not serving anyway: no cost to the budget
+                if obs.endpoint_ready is not True and obs.unrouted:
+                    self._restart_now(obs)  # and unreachable for clients: no drain
+                else:
+                    self._start_restart(obs)
+            elif len(counted) + absent < budget:
                 unavailable.add(obs.name)
+                counted.add(obs.name)
                 self._start_restart(obs)
         candidates = [
             o for o in live
@@ -429,12 +459,34 @@ class _Planner:
         if not self.failed:
             candidates.sort(key=lambda o: (o.name not in unavailable, natural_key(o.name)))
             for obs in candidates:
-                if obs.name in unavailable or len(unavailable) + absent < budget:
+                if obs.name in unavailable or len(counted) + absent < budget:
                     unavailable.add(obs.name)
+                    counted.add(obs.name)
                     self._start(obs)
         for obs in live:
             if obs.serving_gate is None and obs.name not in self.records and obs.name not in self.acted:
                 self._admit(obs)
+        self._follow_endpoints()
+
+    def _follow_endpoints(self) -> None:
+        """Routers of pods without a record: a pod in serving whose endpoint is ready joins every
+        router pod, one that is not Ready (its runtime failing or restarting) or terminating
+        leaves them (the router's own health checks take minutes)."""
+        for obs in sorted(self.pods.values(), key=lambda o: natural_key(o.name)):
+            if obs.name in self.records or obs.name in self.acted or not obs.router_replicas:
+                continue
+            serving = obs.live and obs.serving_gate is True and obs.endpoint_ready is True and obs.ready is not False
+            if serving and not obs.fully_routed:
+                self.actions.append(SetRouted(obs.name, obs.uid, True))
+                self.acted.add(obs.name)
+            elif self._leaves_routers(obs):
+                self.actions.append(SetRouted(obs.name, obs.uid, False))
+                self.acted.add(obs.name)
+
+    def _leaves_routers(self, obs: PodObservation) -> bool:
+        """A pod without a record that a router lists though it is not Ready or is terminating."""
+        return bool(obs.router_replicas) and obs.name not in self.records and obs.name not in self.acted \
+            and not obs.unrouted and (not obs.live or obs.ready is False)
 
     def _start(self, obs: PodObservation) -> None:
         self._in_progress()
@@ -577,6 +629,9 @@ class _Planner:
             why.append("serving gate not yet False")
         if obs.endpoint_ready is True:
             why.append("endpoint still ready")
+        if not obs.unrouted:
+            why.append("router workers unknown" if obs.routed_by is None else
+                       f"still a worker of {obs.routed_by} router pod(s)")
         if not fresh:
             if not why:
                 why.append("no fresh observation of the pod")

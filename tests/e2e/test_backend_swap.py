@@ -55,6 +55,9 @@ def deployment(env, name: str = NAME, replicas: int = REPLICAS, st: dict | None 
             "metadata": {"name": name, "namespace": env["ns"], "annotations": {"hicache.dev/process-backed": "true"}},
             "spec": {"image": "hicache-runtime:test", "replicas": replicas, "pageSize": 4, "maxTotalTokens": 4096,
                      "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 60},
+                     # the gateway routes by the client Service's EndpointSlices (test_router.py: through
+                     # the router), except for the sglang engine's fleet below
+                     "router": {"enabled": False},
                      # page_first from the start: mooncake needs it, and layer_first would be
                      # normalised to it, a pod-template change that restarts pods (not a live swap)
                      "hicache": {"memLayout": "page_first", "storage": st or {"backend": "none"}}}}
@@ -214,11 +217,13 @@ def test_unreachable_mooncake_master_rolls_back_and_stops(env):
 def test_sglang_engine_swap_through_sglang_api_only(env):
     """engine: sglang pods run `python -m sglang.launch_server` (in the local cluster: the bundled
     runtime in SGLang-compatibility mode, after real SGLang parsed its arguments), so the swap must
-    work through SGLang's own routes, auth header and metrics alone."""
+    work through SGLang's own routes, auth header and metrics alone; clients go through the
+    router, which gives the pods their API key."""
     c, name = env["cluster"], "sgl"
     doc = deployment(env, name=name, replicas=2)
     doc["spec"].update(engine="sglang", model="test-org/tiny-sglang", engineVersion=engine_versions.NEWEST_CHECKED,
                        modelShape={"numLayers": 4, "numKvHeads": 4, "headDim": 32, "dtypeBytes": 4})
+    del doc["spec"]["router"]  # on (two replicas): clients reach SGLang's pods through SGLang's router
     c.kubectl_apply([doc])
     wait_for(lambda: fleet_ready(env, name), timeout=240, what="sglang-engine pods ready")
     pod = pods(env, name)[0]
@@ -228,6 +233,8 @@ def test_sglang_engine_swap_through_sglang_api_only(env):
     secret = kget(c, "secret", f"{name}-api", "-n", env["ns"])
     api_key = base64.b64decode(secret["data"]["api-key"]).decode()
     assert httpx.get(f"http://{ip}:30000/server_info", timeout=5).status_code == 401
+    wait_for(lambda: (hcd(env, name).get("status") or {}).get("routerReady") == "1/1", timeout=120,
+             what="the router ready")
     gw = Gateway(c.api_client(), env["ns"], name, concurrency=2, api_key=api_key).start()
     try:
         for st, backend in [(storage(env, "file"), "file"), (storage(env, "none"), "none")]:
@@ -238,6 +245,9 @@ def test_sglang_engine_swap_through_sglang_api_only(env):
         report = gw.stop()
     assert not report.failures, report.failures[:3]
     assert len(report.outcomes) > 20
+    routers = {p["status"]["podIP"] for p in kget(c, "pods", "-n", env["ns"], "-l",
+                                                   f"app.kubernetes.io/instance={name}-router")["items"]}
+    assert {o.endpoint for o in report.outcomes} <= routers  # every request went through the router
     c.kubectl("delete", "hcd", name, "-n", env["ns"])
 
 

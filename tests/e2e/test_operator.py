@@ -63,7 +63,8 @@ def check_fleet(cluster, ns: str, name: str, replicas: int) -> tuple[dict, list[
                    what=f"{name} ConfigValid")
     kids = wait_for(lambda: (lambda k: k if len(k) == 5 else None)(owned_children(cluster, ns, obj["metadata"]["uid"])),
                     what="all five kinds of children")
-    assert set(kids["services"]) == {name, f"{name}-pods"}
+    routed = obj["spec"].get("replicas", 1) > 1  # the router is on by default from two replicas
+    assert set(kids["services"]) == {name, f"{name}-pods"} | ({f"{name}-serving"} if routed else set())
     assert kids["statefulsets"] == [name] and kids["poddisruptionbudgets"] == [name]
     keys = [f"{name}-admin"] + ([f"{name}-api"] if obj["spec"].get("engine") == "sglang" else [])
     assert kids["configmaps"] == [f"{name}-storage"] and sorted(kids["secrets"]) == keys
@@ -243,7 +244,7 @@ def test_operator_keeps_serving_others_after_invalid_specs(cluster, operator, ns
 def test_scale_edit_and_delete_converge(cluster, operator, ns):
     doc = load(SAMPLES / "bundled-minimal.yaml")
     doc["metadata"]["name"] = "conv"
-    # KWOK's pods run no runtime: a restart's drain, which needs the runtime to say it is idle, can only time out
+    # KWOK's pods run no runtime and its router pod no router: a drain can only time out
     doc["spec"]["rollout"] = {"drainTimeoutSeconds": 5}
     apply(cluster, doc, ns)
     check_fleet(cluster, ns, "conv", 1)
@@ -262,8 +263,14 @@ def test_scale_edit_and_delete_converge(cluster, operator, ns):
                                     and p["metadata"]["uid"] != old.get(p["metadata"]["name"]) for p in ps)
     wait_for(rolled, timeout=120, what="image rolled to every pod")
 
+    assert kget(cluster, "deployment", "conv-router", "-n", ns)["spec"]["replicas"] == 1  # on from two replicas
     cluster.kubectl("patch", "hcd/conv", "-n", ns, "--type=merge", "-p", json.dumps({"spec": {"replicas": 1}}))
     wait_for(lambda: len(pods_of(cluster, ns, "conv")) == 1, what="scaled to 1")
+    # one replica: the router is off, its objects go and the client Service selects the pods again
+    wait_for(lambda: cluster.kubectl("get", "deployment", "conv-router", "-n", ns, check=False).returncode != 0,
+             what="the router removed")
+    selector = kget(cluster, "service", "conv", "-n", ns)["spec"]["selector"]
+    assert selector["app.kubernetes.io/name"] == "hicache" and selector["hicache.dev/serving"] == "true"
 
     uid = hcd(cluster, ns, "conv")["metadata"]["uid"]
     cluster.kubectl("delete", "hcd/conv", "-n", ns)

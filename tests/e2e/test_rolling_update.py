@@ -31,7 +31,9 @@ def deployment(name: str, image: str = "hicache-runtime:test") -> dict:
     return {"apiVersion": "hicache.dev/v1alpha1", "kind": "HiCacheDeployment",
             "metadata": {"name": name, "namespace": NS, "annotations": {"hicache.dev/process-backed": "true"}},
             "spec": {"image": image, "replicas": REPLICAS, "pageSize": 4, "maxTotalTokens": 4096,
-                     "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 60}}}
+                     "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 60},
+                     # clients here route by the client Service's EndpointSlices (test_router.py: through the router)
+                     "router": {"enabled": False}}}
 
 
 def pods(c, name: str) -> list[dict]:

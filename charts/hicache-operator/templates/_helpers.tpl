@@ -72,13 +72,19 @@ reads of objects it only writes.
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [create, patch]
-# A managed Mooncake master (Deployment + Service) is watched for its readiness and deleted
-# when the spec stops asking for it.
+# The router (Deployment, its Service of the pods in serving, ServiceAccount, Role, RoleBinding)
+# and a managed Mooncake master (Deployment + Service) are watched for their readiness and
+# deleted when the spec stops asking for them.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
-  resources: [services]
+  resources: [services, serviceaccounts]
+  verbs: [create, patch, delete]
+# The router's Role grants its ServiceAccount list and watch on pods in its namespace; the API
+# server lets the operator grant only what it holds itself (it does: see pods below).
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
   verbs: [create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]

@@ -1,4 +1,4 @@
-"""Touching a client Service whose EndpointSlice sits on a pod's readiness flip, while its
+"""Touching a serving Service whose EndpointSlice sits on a pod's readiness flip, while its
 deployment is in a swap (when and why: ``rollout.endpoint_lag``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Callable, Collection
 
-from hicache_operator import metrics, render
+from hicache_operator import metrics
 
 from ..endpoint_lag import LagWatch, unpublished
 
@@ -17,10 +17,12 @@ Key = tuple[str, str]
 
 class EndpointTouches:
     """Each swapping deployment's ``LagWatch``. ``touch(namespace, service)`` asks the
-    EndpointSlice controller to sync the Service again (an annotation write)."""
+    EndpointSlice controller to sync the Service again (an annotation write); ``service(key)``
+    names the deployment's serving Service."""
 
-    def __init__(self, touch: Callable[[str, str], None]) -> None:
+    def __init__(self, touch: Callable[[str, str], None], service: Callable[[Key], str]) -> None:
         self._touch = touch
+        self._service = service
         self._watches: dict[Key, LagWatch] = {}
         self._dirty: set[Key] = set()  # deployments with a pod or slice event since the last check
         self._guard = threading.Lock()  # the check loop and the slice handler
@@ -33,7 +35,7 @@ class EndpointTouches:
             return key in self._watches
 
     def written(self, key: Key, pods: list[dict], endpoints: dict[str, bool], now: float) -> None:
-        """The client Service's slices were just written: the flips still unpublished were left
+        """The serving Service's slices were just written: the flips still unpublished were left
         out of that write (``LagWatch.written``)."""
         current = unpublished(pods, endpoints)
         with self._guard:
@@ -56,7 +58,7 @@ class EndpointTouches:
                 overdue = watch.observe(now, unpublished(pods(key), endpoints(key)))
                 wanted = {"not ready" if watch.since[p][0] else "ready" for p in overdue}
             if overdue:
-                service = render.names(key[1])["service"]
+                service = self._service(key)
                 metrics.ENDPOINT_RESYNCS.inc()
                 log.info("%s/%s: EndpointSlice of Service %s still shows %s as %s; touching the Service so "
                          "the EndpointSlice controller syncs it again", key[0], key[1], service, ", ".join(overdue),

@@ -2,16 +2,17 @@
 
 The planner (``rollout.planner`` through ``rollout.passes``) decides; this module gathers what
 it needs (the pods and their EndpointSlice readiness as the watches show them, each runtime's
-``GET /hicache/storage-backend`` and request counts) and carries out what it returns: serving
-gate patches (``rollout.gate``) and detach/attach through the admin API. A step waits for
+``GET /hicache/storage-backend`` and request counts, each router pod's worker list) and carries
+out what it returns: serving gate patches (``rollout.gate``), router worker changes
+(``router_client``), detach/attach through the admin API, and pod deletions. A step waits for
 nothing Kubernetes does (a drain, an endpoint turning ready): the next watch event or the swap
 poll brings the next step, which plans on what is observed then. Only a pod's own runtime calls
 are followed through within the step.
 
 ``Swapper`` holds what outlives one step, for every deployment: recent runtime reads
 (``views``), drains being polled (``drains``), background renewals of old reads, the admin key
-each deployment's last step used, and the pool its gate patches go out on. The controller owns
-one; tests make their own.
+each deployment's last step used, its routers as that step read them (``routes``), and the
+pool its gate patches go out on. The controller owns one; tests make their own.
 """
 
 from __future__ import annotations
@@ -33,16 +34,18 @@ from hicache_operator import labels, metrics, render
 from hicache_operator.conditions import Condition
 from hicache_operator.flags import RUNTIME_PORT
 from hicache_operator.kube import plain_json
-from hicache_operator.pods import restart_hash_of
+from hicache_operator.pods import pod_is_ready, restart_hash_of
 from hicache_operator.spec import HiCacheDeploymentSpec
 
 from .. import gate
-from ..actions import ActionOutcome, Attach, DeletePod, Detach, Event, SetServingGate
+from ..actions import ActionOutcome, Attach, DeletePod, Detach, Event, SetRouted, SetServingGate
 from ..observation import PodObservation, RolloutSettings
 from ..passes import Passes, run_handover, run_passes, watch_will_follow
+from ..routing import RouterRead, membership, worker_url
 from ..state import Stage
 from ..storage_config import storage_fingerprint
 from .drains import Drains
+from .router_client import RouterClient
 from .runtime_client import RuntimeClient, shared_client
 from .views import CachedView, ViewCache, read_pod
 
@@ -103,6 +106,7 @@ class Swapper:
         self._gate_patches = ThreadPoolExecutor(max_workers=32, thread_name_prefix="hicache-gate")
         self._renewing: dict[Fleet, Future] = {}
         self._admin_keys: dict[Fleet, str | None] = {}  # the admin key each deployment's last step used
+        self.routes: dict[Fleet, dict[str, tuple[int, int | None]]] = {}  # pod IP -> routing.membership, last step
 
     def use_key(self, fleet: Fleet, key: str | None) -> None:
         """The admin key the deployment's steps use (read from its Secret in a step); the
@@ -112,6 +116,7 @@ class Swapper:
     def forget(self, fleet: Fleet) -> None:
         self.views.forget(fleet)
         self._admin_keys.pop(fleet, None)
+        self.routes.pop(fleet, None)
 
     def read_after_unready(self, fleet: Fleet, pods: list[dict]) -> None:
         """``Drains.read_after_unready`` with the key the deployment's last step used (none
@@ -126,13 +131,15 @@ class Swapper:
 
     def step(self, api: client.ApiClient, body: dict, spec: HiCacheDeploymentSpec, pods: list[dict], *,
              endpoints: Callable[[], dict[str, bool]], key: str | None, restart_hash: str | None = None,
-             why: str = "") -> StepResult:
+             why: str = "", routers: list[dict] | None = None, api_key: str | None = None) -> StepResult:
         """Observe, then plan and act (again for pods whose runtime call succeeded, and for
         readmissions that finished meanwhile: ``rollout.passes``); returns what to persist.
         ``pods`` as the operator's watch sees them; ``endpoints()``: pod IP -> ready in the
-        client Service's EndpointSlices as the watch sees them now; ``key``: the admin API key;
+        serving Service's EndpointSlices as the watch sees them now; ``key``: the admin API key;
         ``restart_hash``: the pod template's restart hash once the StatefulSet carries it (pods
-        with another one are restarted), None while it does not yet; ``why``: the trigger."""
+        with another one are restarted), None while it does not yet; ``why``: the trigger;
+        ``routers``: the router's pods (with the router on); ``api_key``: the key the pods want
+        from clients, which a worker added to a router carries."""
         t0, wall0 = time.monotonic(), time.time()
         endpoints_then = endpoints()
         meta = body["metadata"]
@@ -154,14 +161,21 @@ class Swapper:
         renewals: list[Future] = []
         sent: dict[tuple[str, bool], float] = {}  # (pod, serving) -> when its gate patch went out, for the log
         send = (core, fleet[0], target_fp, spec.hicache.storage.backend)
-        observe = lambda pod, read: _observation(pod, endpoints_then, read, target_fp, restart_hash)  # noqa: E731
+        router_pods = [r for r in routers or [] if (r.get("status") or {}).get("podIP")] if spec.router_on else []
+        reads: list[RouterRead] = []
+        observe = lambda pod, read: _observation(pod, endpoints_then, read, target_fp, restart_hash,  # noqa: E731
+                                                 reads)
 
         async def observe_plan_act() -> Passes:
             async with shared_client() as http:
                 rolling = isinstance(swap_state, dict) and (swap_state.get("phase") == "InProgress" or
                                                             swap_state.get("target") != target_fp)
+                reading = asyncio.ensure_future(_read_routers(http, router_pods, api_key))
                 observations, renew = await self._observe(http, fleet, pods, endpoints_then, stages, key,
-                                                          observe, rolling, acted)
+                                                          lambda pod, read: read, rolling, acted)
+                reads.extend(await reading)
+                observations = [observe(pod, read) for pod, read in zip(pods, observations)]
+                self.routes[fleet] = {ip: membership(ip, reads) for ip in ips.values() if ip}
                 timings["observe"] = time.monotonic()
                 if renew and (renewal := self._renew(fleet, [(by_uid[v.uid], v) for v in renew], key)) is not None:
                     renewals.append(renewal)
@@ -174,13 +188,13 @@ class Swapper:
                             sent[(a.pod, a.serving)] = time.time()
                             settling.append((a, self._gate_patches.submit(_send_gate_counted, a, *send)))
                         return [ActionOutcome(a) for a in actions]
-                    return await self._execute(http, actions, ips, key, send, sent)
+                    return await self._execute(http, actions, ips, key, send, sent, router_pods, api_key)
 
                 async def reobserve(names: list[str]) -> list[PodObservation]:
                     named = [n for n in names if ips.get(n)]
-                    reads = await asyncio.gather(*(read_pod(http, by_name[n], key) for n in named))
-                    self.views.update(fleet, reads)
-                    return [observe(by_name[n], r) for n, r in zip(named, reads)]
+                    fresh = await asyncio.gather(*(read_pod(http, by_name[n], key) for n in named))
+                    self.views.update(fleet, fresh)
+                    return [observe(by_name[n], r) for n, r in zip(named, fresh)]
 
                 clock = lambda: dt.datetime.now(dt.timezone.utc)  # noqa: E731
 
@@ -219,8 +233,8 @@ class Swapper:
 
     async def _observe(self, http: httpx.AsyncClient, fleet: Fleet, pods: list[dict], endpoints: dict[str, bool],
                        stages: dict[str, str | None], key: str | None,
-                       observe: Callable[[dict, CachedView | None], PodObservation], rolling: bool,
-                       acted: dict[str, dt.datetime]) -> tuple[list[PodObservation], list[CachedView]]:
+                       observe: Callable[[dict, CachedView | None], Any], rolling: bool,
+                       acted: dict[str, dt.datetime]) -> tuple[list[Any], list[CachedView]]:
         """Each pod as seen now: gate and endpoint from the watches, its runtime from a GET made
         now, or from an earlier read where a new one could not change the plan, or need not
         come first:
@@ -246,7 +260,7 @@ class Swapper:
         kept: list[CachedView] = []
         renew: list[CachedView] = []
 
-        async def one(pod: dict) -> PodObservation:
+        async def one(pod: dict) -> Any:
             meta, status = pod["metadata"], pod.get("status") or {}
             ip, serving = status.get("podIP"), gate.serving_gate(pod)
             read = None
@@ -295,7 +309,8 @@ class Swapper:
         return future
 
     async def _execute(self, http: httpx.AsyncClient, actions: list, ips: dict[str, str], key: str | None,
-                       send: tuple, sent: dict[tuple[str, bool], float]) -> list[ActionOutcome]:
+                       send: tuple, sent: dict[tuple[str, bool], float], routers: list[dict],
+                       api_key: str | None) -> list[ActionOutcome]:
         """Run one pass's actions at once; ``sent``: (pod, serving) -> when its gate patch went
         out (wall clock). Every failure is reported to the planner, never raised."""
         async def one(action) -> ActionOutcome:
@@ -306,6 +321,11 @@ class Swapper:
                     await asyncio.get_running_loop().run_in_executor(self._gate_patches, _send_gate, action, *send)
                 elif isinstance(action, DeletePod):
                     await asyncio.get_running_loop().run_in_executor(self._gate_patches, _delete_pod, action, *send)
+                elif isinstance(action, SetRouted):
+                    ip = ips.get(action.pod)
+                    if not ip:
+                        raise RuntimeError(f"pod {action.pod} has no IP")
+                    await _route(http, routers, worker_url(ip), action.routed, api_key)
                 else:
                     ip = ips.get(action.pod)
                     if not ip:
@@ -348,17 +368,48 @@ def _acted_at(record: Any) -> dt.datetime | None:
     return when if when is not None and when.tzinfo is not None else None
 
 
+async def _read_routers(http: httpx.AsyncClient, routers: list[dict], api_key: str | None) -> list[RouterRead]:
+    """Each router pod's worker list (None where it could not be read)."""
+    async def one(pod: dict) -> RouterRead:
+        try:
+            listed: frozenset[str] | None = await RouterClient(pod["status"]["podIP"], http, api_key).listed()
+        except Exception as exc:  # noqa: BLE001: an unreadable router is an observation
+            log.info("router pod %s: %s", pod["metadata"]["name"], exc)
+            listed = None
+        return RouterRead(pod["metadata"]["name"], listed, pod_is_ready(pod))
+    return list(await asyncio.gather(*(one(p) for p in routers)))
+
+
+async def _route(http: httpx.AsyncClient, routers: list[dict], url: str, routed: bool, api_key: str | None) -> None:
+    """Add the worker to (or remove it from) every router pod; a router pod that is not Ready and
+    cannot be reached is left alone (starting or gone, it has only what its discovery finds)."""
+    async def one(pod: dict) -> None:
+        rc = RouterClient(pod["status"]["podIP"], http, api_key)
+        try:
+            await (rc.add(url) if routed else rc.remove(url))
+        except Exception:
+            if pod_is_ready(pod):
+                raise
+    results = await asyncio.gather(*(one(p) for p in routers), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        raise failed[0]
+
+
 def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None, target_fp: str,
-                 restart_hash: str | None) -> PodObservation:
+                 restart_hash: str | None, routers: list[RouterRead] | None = None) -> PodObservation:
     """``target_fp``: the target's fingerprint, which a pod created from a template carrying
-    it has in its storage annotation; ``restart_hash``: see ``Swapper.step``."""
+    it has in its storage annotation; ``restart_hash``: see ``Swapper.step``; ``routers``: the
+    router pods' worker lists."""
     meta, status = pod["metadata"], pod.get("status") or {}
     ip = status.get("podIP")
     fields: dict[str, Any] = {"runtime_error": "pod has no IP yet"}
     observed_at = dt.datetime.now(dt.timezone.utc)
     if read is not None:
         fields, observed_at = read.view.observation_fields(), read.observed_at
+    router_replicas, routed_by = membership(ip, routers or [])
     return PodObservation(name=meta["name"], uid=meta["uid"], phase=status.get("phase") or "Pending",
+                          ready=pod_is_ready(pod), router_replicas=router_replicas, routed_by=routed_by,
                           deletion_timestamp=_parse_time(meta.get("deletionTimestamp")),
                           serving_gate=gate.serving_gate(pod), endpoint_ready=endpoints.get(ip) if ip else None,
                           started_on_target=(meta.get("annotations") or {}).get(labels.STORAGE_HASH) == target_fp,
@@ -402,7 +453,7 @@ def busy_drains(run: Passes, pods: dict[str, dict]) -> list[dict]:
     for name, record in run.state.pods.items():
         seen = run.observed.get(name)
         if record.stage is Stage.DRAINING and name in pods and seen is not None and seen.uid == record.uid \
-                and seen.serving_gate is False and seen.endpoint_ready is not True \
+                and seen.serving_gate is False and seen.endpoint_ready is not True and seen.unrouted \
                 and seen.runtime_error is None and not seen.idle and (pods[name].get("status") or {}).get("podIP"):
             out.append(pods[name])
     return out

@@ -71,7 +71,7 @@ def test_names_subresources_and_columns():
     assert v["name"] == "v1alpha1" and v["subresources"]["status"] == {}
     assert v["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     assert [c["name"].upper() for c in v["additionalPrinterColumns"]] == [
-        "READY", "ENGINE", "BACKEND", "TARGET", "SWAP", "HOST-POOL", "AGE"]
+        "READY", "ROUTER", "ENGINE", "BACKEND", "TARGET", "SWAP", "HOST-POOL", "AGE"]
     status = v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["backendSwap"]["x-kubernetes-preserve-unknown-fields"] is True
     for col in v["additionalPrinterColumns"]:

@@ -101,7 +101,8 @@ def test_the_workload_apply_is_left_to_the_caller_only_when_nothing_restarts():
     assert result.status["observedGeneration"] == 1
     result.workload()  # the StatefulSet, then the wait for the Services and the PDB
     assert sorted(c for c in kube.calls if c.startswith("apply")) == [
-        "apply ConfigMap", "apply PodDisruptionBudget", "apply Service", "apply Service", "apply StatefulSet"]
+        "apply ConfigMap", "apply Deployment", "apply PodDisruptionBudget", "apply Role", "apply RoleBinding",
+        "apply Service", "apply Service", "apply Service", "apply ServiceAccount", "apply StatefulSet"]
 
     stale = RecordingKube(desired.restart_hash, pods=pods_with("an-older-template"))
     stale.release.set()
@@ -136,5 +137,24 @@ def test_the_statefulset_waits_for_what_its_pods_read_but_not_for_the_services()
     assert finished.is_alive()  # the reconcile is not over while a Service is being created
     slow.set()
     finished.join(10)
-    assert kube.calls.count("apply Service") == 2
+    assert kube.calls.count("apply Service") == 3
+
+
+def test_the_routers_account_and_rbac_are_applied_before_anything_starts_pods():
+    """A router started without its RoleBinding is refused its pod watch and looks again only a
+    minute later; a pod whose ServiceAccount is missing is refused by the API server."""
+    kube = RecordingKube(None)
+    started: list[str] = []
+    plain_apply = kube.apply
+
+    def apply(obj):
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            started.append(",".join(kube.calls))
+        kube.release.set()
+        return plain_apply(obj)
+    kube.apply = apply
+    reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z", cached_pods=[])
+    assert len(started) == 2
+    for before in started:
+        assert {"apply ServiceAccount", "apply Role", "apply RoleBinding"} <= set(before.split(",")), before
 

@@ -20,7 +20,9 @@ STORE_DOWN = "StorageUnavailable: mooncake master 10.0.0.9:50051 not reachable w
 
 
 def _desired(**spec):
-    return plan(body({"image": "img", **spec}), [gpu_node("n")]).desired
+    """Without a router unless the spec asks for one (the router's column and condition are
+    tested on their own)."""
+    return plan(body({"image": "img", "router": {"enabled": False}, **spec}), [gpu_node("n")]).desired
 
 
 FILE = _desired(replicas=2, hicache={"memLayout": "page_first", "storage": {"backend": "file"}})
@@ -163,7 +165,7 @@ def test_each_observed_state_derives_agreeing_columns_and_conditions(given, read
     st = derive(**given)
     c = conds(st)
     assert columns(st) == {"Ready": ready_col, "Backend": backend, "Target": target, "Swap": swap_col,
-                           "Host-Pool": st.get("hostPool")}
+                           "Host-Pool": st.get("hostPool"), "Router": None}
     assert c["Ready"]["status"] == ready
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == progressing
     assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == degraded, c["Degraded"]
@@ -279,7 +281,42 @@ def test_a_crash_looping_pod_shows_the_last_line_its_container_wrote():
 
 
 def test_the_printer_columns_read_status_fields_the_status_writes():
-    written = set(LAST_VALID) | {"currentBackend", "swapProgress"}
+    written = set(LAST_VALID) | {"currentBackend", "swapProgress", "routerReady"}
     for col in PRINTER_COLUMNS:
         field = re.fullmatch(r"\.status\.(\w+)", col["jsonPath"])
         assert field is None or field.group(1) in written, col
+
+
+def router_pod(i, *, ready=True, terminating=False):
+    meta = {"name": f"demo-router-{i}", "labels": {labels.ROUTER: "demo"}}
+    if terminating:
+        meta["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+def test_the_router_column_and_condition_count_ready_router_pods_against_spec_router_replicas():
+    d = _desired(replicas=2, router={"enabled": True, "replicas": 2, "policy": "round_robin"})
+    st = derive(desired=d, pods=[pod(0, d), pod(1, d)],
+                router_pods=[router_pod(0), router_pod(1, ready=False), router_pod(2, terminating=True)])
+    assert columns(st)["Router"] == "1/2"
+    assert (conds(st)["RouterReady"]["status"], conds(st)["RouterReady"]["reason"]) == ("False", "RouterPodsNotReady")
+    assert conds(st)["RouterReady"]["message"] == "1/2 router pod(s) ready"
+    assert conds(st)["Ready"]["status"] == "True"  # READY counts the fleet's pods; ROUTER its router
+    both = derive(desired=d, pods=[pod(0, d), pod(1, d)], router_pods=[router_pod(0), router_pod(1)], previous=st)
+    assert columns(both)["Router"] == "2/2" and conds(both)["RouterReady"]["status"] == "True"
+
+    # an invalid edit leaves the router running as the last valid spec had it
+    kept = derive(desired=None, errors=INVALID, pods=[pod(0, d), pod(1, d)], previous=both,
+                  router_pods=[router_pod(0)])
+    assert columns(kept)["Router"] == "1/2"
+
+    # turned off: no column, no condition
+    off = derive(desired=_desired(replicas=2), pods=[pod(0), pod(1)], previous=both, router_pods=[router_pod(0)])
+    assert columns(off)["Router"] is None and "RouterReady" not in conds(off)
+
+
+def test_the_router_is_on_by_default_from_two_replicas():
+    one = plan(body({"image": "img", "replicas": 1}), [gpu_node("n")]).desired
+    two = plan(body({"image": "img", "replicas": 2}), [gpu_node("n")]).desired
+    assert (one.router_replicas, two.router_replicas) == (None, 1)
+    assert columns(derive(desired=two, pods=[]))["Router"] == "0/1"

@@ -1,8 +1,9 @@
 """Which pod and EndpointSlice events queue a reconcile. Pod events: all of them, except
 during a backend swap those that change nothing a swap step reads at once (a gate or Ready
-flip: the EndpointSlice event that follows is what the step waits for). EndpointSlice events:
-during a swap, those of the client Service that change an endpoint's readiness. The swap poll:
-only for a deployment not stepped within the interval."""
+flip: the EndpointSlice event that follows is what the step waits for). EndpointSlice events
+(the watch delivers the serving Services' only): during a swap, those that change an endpoint's
+readiness, and for a fleet with a router any such change (its workers follow the endpoints).
+The swap poll: only for a deployment not stepped within the interval."""
 
 from __future__ import annotations
 
@@ -72,23 +73,32 @@ def test_forgetting_a_deployment_forgets_its_pods():
     assert len(queued(ctl)) == 1  # first sight again: nothing of the old one was kept
 
 
-def test_only_readiness_changes_in_the_client_services_slices_queue_a_swap_step():
+def test_only_readiness_changes_in_the_serving_services_slices_queue_a_swap_step():
     ctl = Controller()
-    ctl.slice_event(KEY, "fleet", "fleet-abc", {"10.0.0.1": True})
-    assert queued(ctl) == []  # no swap in flight
+    ctl.slice_event(KEY, "fleet-abc", {"10.0.0.1": True})
+    assert queued(ctl) == []  # no swap in flight, no router
     ctl.swapping.add(KEY)
-    ctl.slice_event(KEY, "fleet-pods", "fleet-pods-x", {"10.0.0.1": False})  # the headless Service
-    ctl.slice_event(KEY, None, "other", {"10.0.0.1": False})
-    ctl.slice_event(KEY, "fleet", "fleet-abc", {"10.0.0.1": True})  # e.g. only `serving` changed
+    ctl.slice_event(KEY, "fleet-abc", {"10.0.0.1": True})  # e.g. only `serving` changed
     assert queued(ctl) == []
-    ctl.slice_event(KEY, "fleet", "fleet-abc", {"10.0.0.1": False})
+    ctl.slice_event(KEY, "fleet-abc", {"10.0.0.1": False})
     assert [(k, r.trigger, r.urgent) for k, r in queued(ctl)] == [(KEY, "endpointslice", True)]
-    ctl.slice_event(KEY, "fleet", "fleet-def", {"10.0.0.2": True})  # a second slice of the Service
+    ctl.slice_event(KEY, "fleet-def", {"10.0.0.2": True})  # a second slice of the Service
     assert len(queued(ctl)) == 1
-    ctl.slice_event(KEY, "fleet", "fleet-def", None)  # deleted
+    ctl.slice_event(KEY, "fleet-def", None)  # deleted
     assert len(queued(ctl)) == 1
-    ctl.slice_event(KEY, "fleet", "fleet-def", None)  # a repeated DELETED says nothing new
+    ctl.slice_event(KEY, "fleet-def", None)  # a repeated DELETED says nothing new
     assert queued(ctl) == []
+
+
+def test_with_a_router_every_readiness_change_queues_a_reconcile_its_workers_follow():
+    ctl = Controller()
+    ctl.informers.routers = {KEY: [{"metadata": {"name": "fleet-router-x"}}]}
+    ctl.slice_event(KEY, "fleet-serving-abc", {"10.0.0.1": False})
+    assert [(k, r.trigger, r.urgent) for k, r in queued(ctl)] == [(KEY, "endpointslice", False)]
+    ctl.slice_event(KEY, "fleet-serving-abc", {"10.0.0.1": False})
+    assert queued(ctl) == []  # nothing changed
+    ctl.slice_event(KEY, "fleet-serving-abc", {"10.0.0.1": True})
+    assert len(queued(ctl)) == 1
 
 
 def test_the_swap_poll_skips_a_deployment_stepped_within_the_interval():
@@ -117,5 +127,5 @@ def test_the_swap_poll_skips_a_deployment_stepped_within_the_interval():
 def test_a_swap_step_in_progress_hears_the_slices_before_its_status_starts_the_swap():
     ctl = Controller()
     ctl.stepping.add(KEY)  # the first step of a rollout, its status not yet written
-    ctl.slice_event(KEY, "fleet", "fleet-abc", {"10.0.0.1": False})
+    ctl.slice_event(KEY, "fleet-abc", {"10.0.0.1": False})
     assert [(r.trigger, r.urgent) for _, r in queued(ctl)] == [("endpointslice", True)]

@@ -13,8 +13,11 @@ NAMESPACED = {
     ("hicache.dev", "hicachedeployments"): {"get", "list", "watch"},
     ("hicache.dev", "hicachedeployments/status"): {"patch"},
     ("apps", "statefulsets"): {"get", "create", "patch"},
-    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},  # a managed Mooncake master
+    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},  # the router, a managed Mooncake master
     ("", "services"): {"create", "patch", "delete"},
+    ("", "serviceaccounts"): {"create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch", "delete"},
     ("", "configmaps"): {"create", "patch"},
     ("policy", "poddisruptionbudgets"): {"create", "patch"},
     ("", "secrets"): {"get", "create"},

@@ -1,7 +1,7 @@
 """The Dockerfile: hadolint-clean, and the rules we promise for its images.
 
 Promises: every base image pinned by an explicit version tag; the final stages (`runtime`,
-`operator`) run as a non-root user, start from non-devel bases and install nothing (they
+`operator`, `router`) run as a non-root user, start from non-devel bases and install nothing (they
 only COPY from build stages); the runtime image carries kernels/ compiled by nvcc; Python
 packages are pinned to versions pyproject.toml allows.
 """
@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 from pkg_helpers import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
-FINAL_STAGES = ("runtime", "operator")
+FINAL_STAGES = ("runtime", "operator", "router")
 BUILD_TOOLS = re.compile(r"\b(apt-get|apt|apk|dnf|yum|pip|uv|gcc|g\+\+|cc|clang|make|cmake|nvcc|build-essential)\b")
 
 
@@ -120,6 +120,7 @@ USER root
         "runtime: installs or builds in the final stage: apt-get install -y gcc",
         "operator: does not end as a non-root USER",
         "operator: copies from an image outside this file: ghcr.io/astral-sh/uv:0.9.26",
+        "no stage named router",
     ]
 
 
@@ -139,8 +140,9 @@ def test_python_pins_are_allowed_by_pyproject():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     core = [Requirement(r) for r in project["dependencies"]]
     runtime = [Requirement(r) for r in project["optional-dependencies"]["runtime"]]
+    router = [Requirement(r) for r in project["optional-dependencies"]["router"]]
     s = stages()
-    for stage, needed in (("operator-build", core), ("runtime-build", runtime)):
+    for stage, needed in (("operator-build", core), ("runtime-build", runtime), ("router-build", router)):
         pinned = pins(s[stage])
         for req in needed:
             version = pinned.get(canonicalize_name(req.name))

@@ -5,7 +5,10 @@ after a random lag, traffic that only arrives while the endpoint is ready,
 a pod template generation (a new one makes the planner restart each pod,
 drained first), and a runtime that behaves like SGLang's admin API (idle
 check, "Detach first", same-backend attach only updates policies, detach of
-nothing is a no-op). The operator loop observes, plans, executes, applies outcomes and
+nothing is a no-op). With ``router``, a router sends traffic to its workers, finds them as
+sglang-router 0.3.2's discovery does (a pod joins once Ready and in serving, unless discovery
+has seen it before; it leaves only when deleted while still in serving) and takes the planner's
+``SetRouted`` changes. The operator loop observes, plans, executes, applies outcomes and
 persists — and can crash anywhere in between. Every invariant the planner
 promises is checked as the world changes, not only at the end.
 """
@@ -28,6 +31,7 @@ from hicache_operator.rollout import (
     PodObservation,
     ReportedBackend,
     RolloutSettings,
+    SetRouted,
     SetServingGate,
     SwapState,
     apply_outcomes,
@@ -138,8 +142,11 @@ class SimPod:
 class Fleet:
     def __init__(self, n: int, initial: str, *, max_unavailable: int | str = 1, seed: int = 0,
                  drain_timeout: float = 8.0, flaky: float = 0.0, passes: bool = False,
-                 watch_moves: float = 0.0) -> None:
+                 watch_moves: float = 0.0, router: bool = False) -> None:
         self.rng = random.Random(seed)
+        self.router = router
+        self.routed: set[str] = set()  # uids of the router's workers
+        self.discovered: set[str] = set()  # uids its discovery has added once (it never adds them again)
         self.passes = passes  # the operator's step: rollout.passes.run_passes
         # with passes: how often the endpoints catch up while a step runs, before its
         # handover pass (``run_handover``); a generator of its own keeps other histories as they were
@@ -160,6 +167,7 @@ class Fleet:
             pod = self._new_pod(f"cache-{i}", CONFIGS[initial])
             pod.gate, pod.endpoint_ready, pod.up = True, True, True
             self.pods[pod.name] = pod
+            self._discover(pod)
         self.persisted: dict[str, Any] | None = None
         self.last_plan = None
         self.last_actions: list[Action] = []  # of the last step, all its passes
@@ -197,6 +205,22 @@ class Fleet:
     def delete(self, name: str) -> None:
         if name in self.pods:
             self.pods[name].terminating = True
+            self._discover(self.pods[name])
+
+    def routes(self, pod: SimPod) -> bool:
+        return pod.uid in self.routed
+
+    def _discover(self, pod: SimPod) -> None:
+        """The router's discovery seeing the pod: a Ready pod in serving it has not added before
+        joins; one deleted while still in serving leaves."""
+        if not self.router:
+            return
+        if pod.terminating:
+            if pod.gate is True:
+                self.routed.discard(pod.uid)
+        elif pod.gate is True and pod.up and pod.unhealthy == 0 and pod.uid not in self.discovered:
+            self.discovered.add(pod.uid)
+            self.routed.add(pod.uid)
 
     def restart_container(self, name: str, down: int | None = None) -> None:
         pod = self.pods.get(name)
@@ -218,6 +242,7 @@ class Fleet:
                     pod.up = True
             pod.unhealthy = max(0, pod.unhealthy - 1)
             ready = pod.gate is True and pod.up and pod.unhealthy == 0
+            self._discover(pod)
             if pod.endpoint_ready is not ready:
                 # The endpoints controller catches up within 1-3 ticks.
                 pod.lag = pod.lag or self.rng.randint(1, 3)
@@ -226,7 +251,7 @@ class Fleet:
                     pod.endpoint_ready = ready
             else:
                 pod.lag = 0
-            if pod.endpoint_ready and pod.up:
+            if (pod.endpoint_ready or self.routes(pod)) and pod.up:  # clients reach it either way
                 pod.in_flight, pod.queued = self.rng.randint(0, 3), self.rng.randint(0, 1)
             else:
                 pod.in_flight, pod.queued = max(0, pod.in_flight - 1), 0
@@ -261,6 +286,8 @@ class Fleet:
                 in_flight=pod.in_flight if reachable else None, queued=pod.queued if reachable else None,
                 runtime_error=None if reachable else "connection refused", observed_at=self.clock,
                 stale_template=pod.template != self.template,
+                ready=pod.up and pod.unhealthy == 0,
+                router_replicas=1 if self.router else 0, routed_by=1 if self.routes(pod) else 0,
             ))
             pod.glitch = False
         return out
@@ -386,19 +413,35 @@ class Fleet:
                 self._runtime_call(pod, "attach", action.payload)
             elif isinstance(action, DeletePod):
                 self._delete_pod(pod)
+            elif isinstance(action, SetRouted):
+                self._set_routed(pod, action.routed)
             return ActionOutcome(action)
         except Exception as exc:  # the executor turns every failure into an outcome
             if isinstance(exc, InvariantBroken):
                 raise
             return ActionOutcome.failed(action, exc)
 
+    def _set_routed(self, pod: SimPod, routed: bool) -> None:
+        if not self.router:
+            raise InvariantBroken(f"router change for {pod.name} in a fleet without a router")
+        if routed:
+            if not (pod.gate is True and pod.up and not pod.terminating):
+                raise InvariantBroken(f"{pod.name} added to the router while out of serving (gate {pod.gate})")
+            if not self._settled(pod):
+                raise InvariantBroken(f"{pod.name} added to the router in an intermediate state: {pod.runtime.report()}")
+            self.routed.add(pod.uid)
+        else:
+            self.routed.discard(pod.uid)
+
     def unavailable(self) -> int:
+        """Pods not serving: with a router, clients reach only its workers."""
         live = [p for p in self.pods.values() if not p.terminating]
-        return sum(1 for p in live if not p.available) + max(0, self.replicas - len(live))
+        return sum(1 for p in live if not p.available or self.router and not self.routes(p)) + \
+            max(0, self.replicas - len(live))
 
     def _set_gate(self, pod: SimPod, serving: bool) -> None:
         if not serving:
-            was_available = pod.available
+            was_available = pod.available and (self.routes(pod) or not self.router)
             if pod.gate is not False:
                 pod.taken_out_config = pod.runtime.fingerprint()
                 pod.taken_out_configs.add(pod.taken_out_config)
@@ -421,6 +464,8 @@ class Fleet:
             raise InvariantBroken(f"{pod.name} restarted though it runs the current template")
         if pod.endpoint_ready is True:
             raise InvariantBroken(f"{pod.name} deleted while its endpoint is ready (routable)")
+        if self.routes(pod):
+            raise InvariantBroken(f"{pod.name} deleted while the router routes to it")
         drained_for = (self.clock - pod.out_since).total_seconds() if pod.out_since else 0.0
         if pod.up and pod.busy() and pod.gate is False and drained_for <= self.settings.drain_timeout_seconds:
             raise InvariantBroken(f"{pod.name} deleted while running requests, {drained_for:.0f}s into its drain")
@@ -443,6 +488,8 @@ class Fleet:
             raise InvariantBroken(f"{call} on {pod.name} while its serving gate is {pod.gate}")
         if pod.endpoint_ready is True:
             raise InvariantBroken(f"{call} on {pod.name} while its endpoint is ready (routable)")
+        if self.routes(pod):
+            raise InvariantBroken(f"{call} on {pod.name} while the router routes to it")
         record = ((self.persisted or {}).get("pods") or {}).get(pod.name) or {}
         if record.get("uid") != pod.uid:
             # what lets a restarted operator roll the pod back: its `previous`, persisted first
@@ -478,15 +525,22 @@ class Fleet:
             pod.stuck, pod.unhealthy = False, 0
         self.flaky = 0.0
         plan = None
+        quiet = 0
         for _ in range(limit):
             self.tick()
             # what the planner saw, not what the step's watch moved to after it planned
-            seen_settled = all(p.up and p.available for p in self.pods.values())
+            seen_settled = all(p.up and p.available and (self.routes(p) or not self.router)
+                               for p in self.pods.values())
             plan = self.step()
             if (seen_settled and not self.last_actions and not plan.state.pods and not self.recreate_in
-                    and all(p.up and p.available for p in self.pods.values())
+                    and all(p.up and p.available and (self.routes(p) or not self.router) for p in self.pods.values())
                     and plan.state.phase.value in ("Complete", "Failed")):
-                return plan
+                # twice: the endpoints may have caught up after the step observed them
+                quiet += 1
+                if quiet == 2:
+                    return plan
+            else:
+                quiet = 0
         raise InvariantBroken(f"no quiescence after {limit} steps: {plan.state.to_status() if plan else None}")
 
     def check_quiet(self, plan) -> None:
@@ -495,6 +549,8 @@ class Fleet:
         for pod in self.pods.values():
             if pod.gate is not True:
                 raise InvariantBroken(f"{pod.name} left with serving gate {pod.gate}")
+            if self.router and not self.routes(pod):
+                raise InvariantBroken(f"{pod.name} serves but is not a worker of the router")
             if pod.template != self.template:
                 raise InvariantBroken(f"{pod.name} left on pod template {pod.template}, not {self.template}")
             fp = pod.runtime.fingerprint()

@@ -1,10 +1,11 @@
 """Property tests: the planner driven through random histories of a
 simulated fleet (target changes and reverts, new pod templates, deleted and
 restarted pods, stuck requests, readiness blips, failed observations, flaky
-runtime calls)
+runtime calls), with or without a router in front of the fleet,
 by an operator that crashes at random points. The fleet checks as it goes
-that the budget is never exceeded, no runtime is touched while serving, no
-pod is restarted while routable or (before its drain times out) busy, no
+that the budget is never exceeded, no runtime is touched while serving or a
+router worker, no pod is restarted while routable or (before its drain times
+out) busy, none joins the router out of serving or mid-swap, no
 pod returns to serving in an intermediate state and no payload carries a
 hostname; at the end, that the fleet settles with every pod serving on the
 current template, and that a good target always completes. Each history runs with the operator's
@@ -72,11 +73,13 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
     history=st.lists(history_step(), min_size=1, max_size=60),
     follow=st.booleans(),
     watch_moves=st.sampled_from([0.0, 0.5]),
+    router=st.booleans(),
 )
 # A pod whose rollback failed (back to a config its runtime refuses, its
 # attach of the new target mangled) is readmitted detached in the pass that reports
 # RollbackFailed; the fleet only allowed it once it had seen that Event, after the step.
 @example(n=1, max_unavailable=1, initial="file", first_target="file", seed=0, flaky=0.0, follow=True, watch_moves=0.0,
+         router=False,
          history=[("calm", "file", 0, "ok", 0)] * 8 + [
              ("target", "refused", 0, "ok", 0), ("target", "file", 0, "ok", 0), ("revert", "file", 0, "ok", 0),
              ("delete", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0),
@@ -85,6 +88,7 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
 # again on it, its drain timed out in an outage, and it was restored to its record's `previous`,
 # which it ran at an earlier takeout (the fleet only allowed the config of the last one).
 @example(n=1, max_unavailable=1, initial="file", first_target="file", seed=0, flaky=0.0, follow=True, watch_moves=0.0,
+         router=False,
          history=[("calm", "file", 0, "ok", 0)] * 2 + [("target", "mangled", 0, "ok", 0)] + [
              ("calm", "file", 0, "ok", 0)] * 3 + [("target", "file-selective", 0, "ok", 0)] + [
              ("calm", "file", 0, "ok", 0)] * 2 + [("target", "file", 0, "ok", 0), ("calm", "file", 0, "drop", 0),
@@ -92,15 +96,15 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
 # The step's watch saw the restarted pod come back only after the planner had planned (no budget
 # for the next restart then): the fleet is quiet only once the planner itself saw it settled.
 @example(n=2, max_unavailable=1, initial="file", first_target="file", seed=0, flaky=0.0, follow=True, watch_moves=0.5,
-         history=[("calm", "file", 0, "ok", 0)] * 6 + [("template", "file", 0, "ok", 0)])
+         router=False, history=[("calm", "file", 0, "ok", 0)] * 6 + [("template", "file", 0, "ok", 0)])
 # A read of the draining pod's runtime failed once: that is no proof it is idle, so no restart yet.
 @example(n=1, max_unavailable=1, initial="file", first_target="file", seed=2, flaky=0.0, follow=False, watch_moves=0.0,
-         history=[("calm", "file", 0, "ok", 0)] * 6 + [("template", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0),
+         router=False, history=[("calm", "file", 0, "ok", 0)] * 6 + [("template", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0),
                                                       ("glitch", "file", 0, "ok", 0)])
 def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target, seed, flaky, history, follow,
-                                     watch_moves):
+                                     watch_moves, router):
     fleet = Fleet(n, initial, max_unavailable=max_unavailable, seed=seed, flaky=flaky, passes=follow,
-                  watch_moves=watch_moves)
+                  watch_moves=watch_moves, router=router)
     fleet.set_target(first_target)
     for kind, config, index, crash, prefix in history:
         apply_world(fleet, kind, config, index)
@@ -165,10 +169,11 @@ def test_bad_target_fails_once_and_restores_the_pod(n, seed, bad, follow):
     swap_too=st.booleans(),
     stuck=st.integers(0, 4),
     follow=st.booleans(),
+    router=st.booleans(),
 )
 def test_a_new_template_rolls_through_every_pod_drained_within_the_budget(n, max_unavailable, seed, swap_too, stuck,
-                                                                        follow):
-    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed, passes=follow)
+                                                                        follow, router):
+    fleet = Fleet(n, "file", max_unavailable=max_unavailable, seed=seed, passes=follow, router=router)
     fleet.new_template()
     if swap_too:
         fleet.set_target("mooncake")
