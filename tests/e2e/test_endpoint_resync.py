@@ -36,7 +36,7 @@ def test_an_unpublished_flip_touches_the_client_service_and_the_apply_keeps_the_
     key = (NS, "fleet")
     back = {"metadata": {"name": "fleet-0"},
             "status": {"podIP": "10.0.0.7", "conditions": [{"type": "Ready", "status": "True"}]}}
-    ctl.informers.pods, ctl.informers.slices = {key: [back]}, {(NS, name): [{"10.0.0.7": False}]}
+    ctl.informers.pods, ctl.informers.slices = {key: [back]}, {key: [(name, {"10.0.0.7": False})]}
     ctl.swapping.add(key)
     before = metrics.ENDPOINT_RESYNCS._value.get()
 

@@ -277,6 +277,9 @@ NAMESPACED_ALLOWED = [
     *((v, r, None) for r in ("services", "configmaps", "poddisruptionbudgets.policy") for v in ("create", "patch")),
     *((v, "deployments.apps", None) for v in ("list", "watch", "create", "patch", "delete")),  # a managed master
     ("delete", "services", None),
+    # the router: its ServiceAccount and a Role granting it what the operator holds (pods list/watch)
+    *((v, r, None) for r in ("serviceaccounts", "roles.rbac.authorization.k8s.io",
+                             "rolebindings.rbac.authorization.k8s.io") for v in ("create", "patch", "delete")),
     ("get", "secrets", None), ("create", "secrets", None), ("get", "persistentvolumeclaims", None),
     *((v, "pods", None) for v in ("list", "watch", "patch", "delete")),  # patch: the serving label
     ("list", "endpointslices.discovery.k8s.io", None), ("watch", "endpointslices.discovery.k8s.io", None),
@@ -289,8 +292,8 @@ NAMESPACED_DENIED = [
     ("create", "hicachedeployments.hicache.dev", None),
     ("delete", "statefulsets.apps", None), ("delete", "configmaps", None), ("update", "deployments.apps", None),
     ("get", "configmaps", None), ("create", "pods", None), ("create", "pods", "exec"), ("get", "pods", "log"),
-    ("get", "deployments.apps", None), ("create", "roles.rbac.authorization.k8s.io", None),
-    ("create", "rolebindings.rbac.authorization.k8s.io", None), ("create", "serviceaccounts", "token"),
+    ("get", "deployments.apps", None), ("escalate", "roles.rbac.authorization.k8s.io", None),
+    ("bind", "roles.rbac.authorization.k8s.io", None), ("create", "serviceaccounts", "token"),
     ("patch", "endpointslices.discovery.k8s.io", None), ("get", "services", None),
     ("patch", "pods", "status"),  # serving is a label: the operator writes no pod condition
     ("list", "persistentvolumeclaims", None), ("create", "persistentvolumeclaims", None),

@@ -99,7 +99,8 @@ def test_the_master_goes_when_the_spec_stops_asking_for_it(env):
     wait_for(lambda: fleet_ready(env, name), timeout=240, what="fleet ready")
     c.kubectl("patch", "hcd", name, "-n", env["ns"], "--type=json", "-p", json.dumps([
         {"op": "replace", "path": "/spec/hicache/storage", "value": {"backend": "none"}}]))
-    wait_for(lambda: not kget(c, "deployments", "-n", env["ns"])["items"], timeout=120, what="master Deployment deleted")
+    wait_for(lambda: f"{name}-mooncake" not in {d["metadata"]["name"] for d in kget(c, "deployments", "-n", env["ns"])["items"]},
+             timeout=120, what="master Deployment deleted")  # the router's stays
     wait_for(lambda: "mooncakeMaster" not in hcd(env, name)["status"], timeout=60, what="status without a master")
     assert f"{name}-mooncake" not in {s["metadata"]["name"] for s in kget(c, "services", "-n", env["ns"])["items"]}
     wait_for(lambda: hcd(env, name)["status"].get("currentBackend") == "none" and fleet_ready_without_master(env, name),
