@@ -4,9 +4,10 @@
      GPU nodes, in its own network namespace;
   2. helm install the operator chart (the operator pod runs as a real process);
   3. kubectl apply a bundled-runtime HiCacheDeployment (2 pods, each a real runtime process);
-  4. send multi-turn traffic through a gateway-style client and print per-tier cache hits;
+  4. send multi-turn traffic to the client Service (SGLang's cache-aware router in front of the
+     pods) and print per-tier cache hits;
   5. swap the L3 backend live (none -> file) under that traffic, with progress;
-  6. show L3 hits across pods, the failed-request count (0) and `kubectl get` output.
+  6. show per-tier hits after the swap, the failed-request count (0) and `kubectl get` output.
 
 Run through scripts/demo.sh (which sets up first); `scripts/demo.sh down` removes it all.
 """
@@ -90,8 +91,8 @@ def traffic(seconds: float, label: str) -> dict:
     time.sleep(seconds)
     summary = gw.stop().summary()
     tiers = summary["cached_tokens_by_tier"]
-    print(f"   {label}: {summary['requests']} requests, {summary['failed']} failed, across "
-          f"{summary['endpoints']} pods; cached tokens by tier: device(L1)={tiers.get('device', 0)} "
+    print(f"   {label}: {summary['requests']} requests, {summary['failed']} failed, through "
+          f"{summary['endpoints']} endpoint(s) of the client Service; cached tokens by tier: device(L1)={tiers.get('device', 0)} "
           f"host(L2)={tiers.get('host', 0)} storage(L3)={tiers.get('storage', 0)}", flush=True)
     return summary
 
@@ -118,7 +119,7 @@ def inside() -> int:
     subprocess.run(["kubectl", "apply", "-f", "-"], input=yaml.safe_dump(doc), text=True, check=True)
     wait(lambda: hcd().get("status", {}).get("readyReplicas") == 2, "2 pods ready", timeout=600, show=columns)
 
-    say("multi-turn traffic (gateway-style client: only ready endpoints, no retries)")
+    say("multi-turn traffic to the client Service, i.e. through the router (only ready endpoints, no retries)")
     before = traffic(20, "L1+L2")
 
     say("live backend swap: none -> file (prefetch wait_complete), while traffic keeps flowing")
@@ -139,7 +140,8 @@ def inside() -> int:
     during = gw.stop().summary()
     print(f"   during the swap: {during['requests']} requests, {during['failed']} failed", flush=True)
 
-    say("traffic after the swap: pods now share prefixes through L3")
+    say("traffic after the swap: L1+L2 on each pod, L3 (file) behind them; the router keeps each "
+        "conversation on the pod that holds its prefix")
     after = traffic(25, "L1+L2+L3(file)")
 
     say("kubectl get")
