@@ -38,17 +38,16 @@ import argparse
 import asyncio
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import (RuntimeProcess, free_port, machine_info, no_nan, resolve_model_path,  # noqa: E402
+from _runtime_proc import (RuntimeProcess, machine_info, no_nan, resolve_model_path,  # noqa: E402
                            start_runtime)
+from tests.support.router_proc import Router  # noqa: E402
 from multiturn import l1_tokens, l2_tokens, percentile, run_workload, server_flags, summarise, working_set  # noqa: E402
 
 PODS = 4
@@ -89,47 +88,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.request_rate <= 0 or not 0 < a.l1_fraction < 1 or a.hicache_ratio <= 1:
         p.error("--request-rate must be > 0, --l1-fraction in (0, 1), --hicache-ratio > 1")
     return a
-
-
-class Router:
-    """sglang-router on a loopback port in front of ``workers``, until ``stop``."""
-
-    def __init__(self, workers: list[str], policy: str, extra: list[str], log_path: Path) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.workers = workers
-        self.cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
-                    str(self.port), "--policy", policy, "--worker-urls", *workers, "--prometheus-host", "127.0.0.1",
-                    "--prometheus-port", str(self.metrics_port), "--log-level", "warn", *extra]
-        self.log = open(log_path, "wb")
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 120.0) -> "Router":
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sglang-router exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                listed = httpx.get(self.url + "/workers", timeout=2, trust_env=False).json()
-                if {w["url"] for w in listed.get("workers", [])} == set(self.workers) and \
-                        httpx.get(self.url + "/readiness", timeout=2, trust_env=False).status_code == 200:
-                    return self
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"sglang-router not ready with {len(self.workers)} workers in {timeout:.0f} s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 def flush(urls: list[str]) -> None:

@@ -5,9 +5,6 @@ started as the operator renders it for a fleet whose pods want an API key (``eng
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -15,7 +12,7 @@ import pytest
 from hicache_operator.rollout.act.router_client import RouterClient, RouterError
 
 from tests.integration.runtime.conftest import API_KEY
-from tests.support.runtime_proc import free_port
+from tests.support.router_proc import Router
 
 pytest.importorskip("sglang_router")
 
@@ -27,29 +24,10 @@ def worker(start_server):
 
 @pytest.fixture(scope="module")
 def router(worker, tmp_path_factory):
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("router") / "router.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
-                             str(port), "--policy", "cache_aware", "--worker-urls", worker.url, "--api-key", API_KEY,
-                             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-                             "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readiness", headers=headers, timeout=2,
-                         trust_env=False).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail(f"sglang-router did not become ready (exit {proc.poll()})")
-    yield port
-    proc.terminate()
-    proc.wait(timeout=15)
-    log.close()
+    r = Router([worker.url], "cache_aware", [], tmp_path_factory.mktemp("router") / "router.log",
+               api_key=API_KEY).start()
+    yield r.port
+    r.stop()
 
 
 def client(port: int, key: str | None, http: httpx.AsyncClient) -> RouterClient:
