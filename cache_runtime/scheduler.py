@@ -254,10 +254,15 @@ class Engine:
         """Attach an opened backend (on the engine thread, or before the engine starts) and keep
         the configuration it runs, which ``GET /hicache/storage-backend`` reports."""
         self.cache.attach_storage(want.name, backend, want.prefetch, want.extra)
-        self.cache.write_policy = want.write_policy
         self.storage_status_reason = None
+        self.args.hicache_storage_backend, self.args.hicache_storage_backend_extra_config = want.name, want.extra_json
+        self.set_storage_policies(want)
+
+    def set_storage_policies(self, want: StorageAttach) -> None:
+        """The write and prefetch policies of ``want`` (an attach of the backend already attached
+        changes only these), kept in the args ``GET /hicache/storage-backend`` reports."""
+        self.cache.write_policy, self.cache.prefetch = want.write_policy, want.prefetch
         a = self.args
-        a.hicache_storage_backend, a.hicache_storage_backend_extra_config = want.name, want.extra_json
         a.hicache_storage_prefetch_policy, a.hicache_write_policy = want.prefetch_policy, want.write_policy
 
     def open_storage(self, want: StorageAttach) -> RankedStorage:

@@ -594,10 +594,7 @@ class Server:
             if current is not None and current != name:
                 return f"HiCache storage backend '{current}' is attached. Cannot attach different backend '{name}'. Detach first."
             if current == name:  # same backend: only the policies change
-                engine.cache.write_policy = want.write_policy
-                engine.cache.prefetch = want.prefetch
-                self.args.hicache_write_policy = want.write_policy
-                self.args.hicache_storage_prefetch_policy = want.prefetch_policy
+                engine.set_storage_policies(want)
                 return "same"
             return None
 
