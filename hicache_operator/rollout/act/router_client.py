@@ -16,7 +16,7 @@ import time
 
 import httpx
 
-from hicache_operator.flags import RUNTIME_PORT
+from hicache_operator.rollout.routing import worker_url
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 POLL_SECONDS = 0.02
@@ -30,7 +30,7 @@ class RouterError(Exception):
 
 class RouterClient:
     def __init__(self, ip: str, http: httpx.AsyncClient, api_key: str | None = None) -> None:
-        self.base = f"http://{ip}:{RUNTIME_PORT}"
+        self.base = worker_url(ip)  # routers listen on the port the pods do
         self.http = http
         self.api_key = api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
