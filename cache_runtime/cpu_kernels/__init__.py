@@ -4,7 +4,9 @@
 registers; ``decode_attention`` attends each decoding query over its context read
 straight from the paged L1 pool through its slot indices (GQA, and MLA's latent rows);
 ``add_rms_norm``, ``silu_mul`` and ``rope_store`` fuse the elementwise steps around them, rounding
-where torch's op sequence rounds (a decode step is otherwise dozens of tiny torch ops). The
+where torch's op sequence rounds (a decode step is otherwise dozens of tiny torch ops);
+``decode_stack`` runs every layer of a Llama-family decoder over a batch of decoding rows in one
+call (ten ops a layer from Python cost about a fifth of a batch-1 step in call overhead). The
 library (``python cache_runtime/cpu_kernels/build.py``, run by scripts/setup.sh) picks the widest
 variant the CPU runs: AVX-512, else AVX2+FMA+F16C. Without the library, on a CPU without AVX2,
 on CUDA tensors, or with ``HICACHE_CPU_KERNELS=0``, every op runs on torch instead.
@@ -68,6 +70,8 @@ def _load() -> ctypes.CDLL | None:
     lib.hc_rope_store.argtypes = [_vp, _l, _l, _l, _vp, _l, _l, _vp, _l, _l, _l, _l, _l, _vp, _vp, _vp, _l, _l, _vp, _l,
                                   _l, _vp, _i, _i, _i]
     lib.hc_rope_store.restype = None
+    lib.hc_decode_stack.argtypes = [_vp, _vp, _vp, _l, _vp, _vp, _vp, _vp, _vp, _vp, _i]
+    lib.hc_decode_stack.restype = None
     if lib.hc_select(b"") != 0:
         return None  # no AVX2+FMA+F16C: nothing here runs on this CPU
     lib.hc_has_avx512bf16.restype = ctypes.c_int
@@ -180,3 +184,53 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
                        k_pool.data_ptr(), k_pool.stride(0), k_pool.stride(1), v_pool.data_ptr(), v_pool.stride(0),
                        v_pool.stride(1), slots.data_ptr(), _CODES[q.dtype], _CODES[k_pool.dtype],
                        torch.get_num_threads())
+
+
+class DecoderLayer(ctypes.Structure):
+    """common.h's DecoderLayer: one layer's tensors (None where the model has none) and KV pools."""
+
+    _fields_ = [(name, _vp) for name in ("ln1", "wqkv", "bqkv", "q_norm", "k_norm", "wo", "bo", "ln2", "w_gate_up",
+                                         "b_gate_up", "w_down", "b_down", "k_pool", "v_pool")]
+
+
+class DecoderShape(ctypes.Structure):
+    """common.h's DecoderShape: what every layer of the stack shares (pool strides in elements)."""
+
+    _fields_ = [*((name, _l) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "kp_slot",
+                                          "kp_head", "vp_slot", "vp_head")),
+                ("eps", _f), ("scale", _f), ("dt", _i), ("kv_dt", _i)]
+
+
+def decoder_stack(layers: list[dict], hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, eps: float,
+                  scale: float, k_pool: list[torch.Tensor], v_pool: list[torch.Tensor]
+                  ) -> tuple[ctypes.Array, DecoderShape]:
+    """The arguments of ``decode_stack`` that stay the same from step to step: per layer, its
+    tensors by DecoderLayer field name (all of one dtype, contiguous) and its pools."""
+    arr = (DecoderLayer * len(layers))()
+    for entry, tensors, k, v in zip(arr, layers, k_pool, v_pool):
+        for name, t in tensors.items():
+            setattr(entry, name, t.data_ptr() if t is not None else None)
+        entry.k_pool, entry.v_pool = k.data_ptr(), v.data_ptr()
+    dt = next(t for t in layers[0].values() if t is not None).dtype
+    shape = DecoderShape(len(layers), hidden, heads, kv_heads, head_dim, inter, k_pool[0].stride(0),
+                         k_pool[0].stride(1), v_pool[0].stride(0), v_pool[0].stride(1), eps, scale, _CODES[dt],
+                         _CODES[k_pool[0].dtype])
+    return arr, shape
+
+
+def decode_stack_supported(h: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> bool:
+    """Whether ``decode_stack`` runs these rows: CPU, dtypes it computes in, no more rows than the
+    native matmul takes (beyond them torch's GEMM is used op by op), contiguous pools."""
+    return (_native(h) and h.is_contiguous() and h.shape[0] <= linear_max_rows(h.dtype) and k_pool.dtype in _CODES
+            and v_pool.dtype == k_pool.dtype and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1)
+
+
+def decode_stack(stack: tuple[ctypes.Array, DecoderShape], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 out_slots: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, slots: torch.Tensor) -> None:
+    """Every layer of the stack over the decoding rows ``h`` (N, hidden), in place: on return ``h``
+    is the residual stream after the last layer. cos/sin (N, head_dim/2) in h's dtype; out_slots,
+    rows, offsets, slots int64 as ``decode_attention`` takes them."""
+    layers, shape = stack
+    _lib.hc_decode_stack(ctypes.addressof(layers), ctypes.addressof(shape), h.data_ptr(), h.shape[0], cos.data_ptr(),
+                         sin.data_ptr(), out_slots.data_ptr(), rows.data_ptr(), offsets.data_ptr(), slots.data_ptr(),
+                         torch.get_num_threads())

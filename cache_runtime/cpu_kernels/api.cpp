@@ -92,4 +92,10 @@ void hc_rope_store(void* q, long q_row, long q_head, long hq, void* k, long k_ro
                      kp_slot, kp_head, v_pool, vp_slot, vp_head, slots, dt, kv_dt, threads);
 }
 
+void hc_decode_stack(const hc::DecoderLayer* layers, const hc::DecoderShape* shape, void* h, long n, const void* cos,
+                     const void* sin, const int64_t* out_slots, const int64_t* rows, const int64_t* offsets,
+                     const int64_t* slots, int threads) {
+  active->decode_stack(layers, shape, h, n, cos, sin, out_slots, rows, offsets, slots, threads);
+}
+
 }  // extern "C"

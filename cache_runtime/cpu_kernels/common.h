@@ -36,6 +36,19 @@ inline void parallel_for(long n, long grain, int threads, F&& f) {
                &f);
 }
 
+// One Llama-family decoder layer: its tensors (null where the model has none) and its KV pools.
+struct DecoderLayer {
+  const void *ln1, *wqkv, *bqkv, *q_norm, *k_norm, *wo, *bo, *ln2, *w_gate_up, *b_gate_up, *w_down, *b_down;
+  void *k_pool, *v_pool;
+};
+
+// What the layers of a decoder stack share: sizes, pool strides (elements), eps, scale, dtypes.
+struct DecoderShape {
+  long layers, hidden, heads, kv_heads, head_dim, inter, kp_slot, kp_head, vp_slot, vp_head;
+  float eps, scale;
+  int dt, kv_dt;
+};
+
 // The kernels of one instruction-set variant (see ops.cpp for what each computes).
 struct Ops {
   const char* name;
@@ -52,6 +65,9 @@ struct Ops {
                      long v_row, long v_head, long hkv, long dim, long rows, const void* cos, const void* sin,
                      void* k_pool, long kp_slot, long kp_head, void* v_pool, long vp_slot, long vp_head,
                      const int64_t* slots, int dt, int kv_dt, int threads);
+  void (*decode_stack)(const DecoderLayer* layers, const DecoderShape* shape, void* h, long n, const void* cos,
+                       const void* sin, const int64_t* out_slots, const int64_t* rows, const int64_t* offsets,
+                       const int64_t* slots, int threads);
 };
 
 }  // namespace hc

@@ -1,5 +1,6 @@
 // The decode hot path on CPU: a skinny GEMM that streams weights once, attention of decoding
-// queries read straight from the paged KV pool, and the elementwise steps around them. Written
+// queries read straight from the paged KV pool, the elementwise steps around them, and a
+// Llama-family decoder stack that runs them all for a decode step in one call. Written
 // with GCC vector extensions so one source serves every variant: built once per variant with
 // -DHC_NS=<name> -DHC_VW=<floats per vector> and that variant's instruction-set flags (build.py);
 // api.cpp picks one at load time.
@@ -91,6 +92,9 @@ template <> inline void put<F16>(void* b, long i, float x) {
 // bf16 weights are read 2W at a time as W 32-bit lanes: a lane shifted left is the even element,
 // the lane masked is the odd one, so x is stored with each block of 2W split into evens and odds.
 constexpr int MT_MAX = 4;
+// The hardware prefetchers stop at page boundaries and ramp up again after each: a software
+// prefetch this far ahead of the read keeps the stream going across them (~10% on Zen 3).
+constexpr long PREFETCH = 1024;
 
 template <int DT> constexpr int step() { return DT == BF16 ? 2 * W : W; }
 
@@ -131,9 +135,14 @@ static inline void linear_row(const float* x, long k, const void* w, long off, f
       for (int m = 0; m < MT; ++m) acc[m][u] += vload(x + m * k + at) * wv;
     }
   };
+  constexpr long elem = DT == F32 ? 4 : 2, bytes = U * S * elem;  // of w per iteration
+  const char* wb = static_cast<const char*>(w) + off * elem;
   long i = 0;
-  for (; i + U * S <= k; i += U * S)
+  for (; i + U * S <= k; i += U * S) {
+    for (long b = 0; b < bytes; b += 64)
+      if (bytes >= 64 || ((i * elem) & 63) == 0) _mm_prefetch(wb + i * elem + b + PREFETCH, _MM_HINT_T0);
     for (int u = 0; u < U; ++u) one(i + u * S, u);
+  }
   for (; i + S <= k; i += S) one(i, 0);
   for (int m = 0; m < MT; ++m) {
     vf t = acc[m][0];
@@ -157,14 +166,22 @@ static void linear_t(const void* x, long m, long k, long ldx, const void* w, lon
   xs.resize(size_t(std::min(m, MB)) * k);
   constexpr long elem = DT == F32 ? 4 : 2;
   const float* xf = xs.data();
-  const long grain = std::max(1L, (64L << 10) / (k * elem));  // ~64 KiB of w per chunk
+  // Chunks of w's rows, guided: up to 512 KiB of w while much is left (long runs keep each
+  // thread's stream and its prefetch going), shrinking to 64 KiB as the matrix runs out (each a
+  // 1/(2 x threads) share of what is left), so the threads finish together.
+  static thread_local std::vector<long> bounds;
+  bounds.assign(1, 0);
+  const long big = std::max(1L, (512L << 10) / (k * elem)), small = std::max(1L, (64L << 10) / (k * elem));
+  for (long at = 0; at < n;)
+    bounds.push_back(at += std::min(n - at, std::max(small, std::min(big, (n - at) / (2L * threads)))));
+  const long chunks = long(bounds.size()) - 1, *bound = bounds.data();  // workers see the caller's
   for (long r0 = 0; r0 < m; r0 += MB) {
     const long mb = std::min(MB, m - r0);
     for (long r = 0; r < mb; ++r)
       stage_x<DT>(static_cast<const char*>(x) + (r0 + r) * ldx * elem, k, xs.data() + r * k);
-    parallel_for(n, grain, threads, [&](long n0, long n1) {
+    parallel_for(chunks, 1, threads, [&](long c0, long c1) {
       float res[MT_MAX];
-      for (long col = n0; col < n1; ++col) {
+      for (long col = bound[c0]; col < bound[c1]; ++col) {
         const float b = bias ? get<DT>(bias, col) : 0.f;
         for (long r = 0; r < mb; r += MT_MAX) {
           const long mt = std::min<long>(MT_MAX, mb - r);
@@ -212,59 +229,86 @@ static inline vf vexp(vf x) {
   return reinterpret_cast<vf>(bits & ~under);
 }
 
-// Scores of G query heads against T keys at a time: G*T float32 accumulators.
-template <int KDT, int G, int T>
-static inline void scores_block(const float* qf, long dk, const void* kp, const long* krow, float* sc, long stride) {
-  vf acc[T][G];
-  for (int t = 0; t < T; ++t)
-    for (int g = 0; g < G; ++g) acc[t][g] = vf{};
-  long i = 0;
-  for (; i + W <= dk; i += W) {
-    vf qv[G];
-    for (int g = 0; g < G; ++g) qv[g] = vload(qf + g * dk + i);
-    for (int t = 0; t < T; ++t) {
-      const vf kv = load<KDT>(kp, krow[t] + i);
-      for (int g = 0; g < G; ++g) acc[t][g] += qv[g] * kv;
+// Decoding queries over their context in the paged pool, flash-decoding style: each sequence's
+// context is cut into chunks of keys, the chunks of every sequence are the work items the threads
+// share, and each item reads whole pool rows (every KV head of a token), T_KEYS tokens at a
+// time, so contiguous slots stream like an array. An item scores every query head against its
+// keys, takes its softmax partials (max, sum) and the unnormalised probability-weighted sum of its
+// value rows; the partials of a sequence then merge into its row of the output. Scores and
+// softmax in float32.
+constexpr int T_KEYS = 4;
+
+struct AttnShape {
+  long q_row, q_head, hq, dk, k_slot, k_head, v_slot, v_head, dv, hkv, group;
+  float scale;
+};
+
+// scores of every query head against the NT keys at pool slots sl: sc[head * stride + t]
+template <int KDT, int NT>
+static inline void scores_rows(const AttnShape& a, const float* qf, const void* kp, const int64_t* sl, float* sc,
+                               long stride) {
+  for (long hq = 0; hq < a.hq; ++hq) {
+    const float* qh = qf + hq * a.dk;
+    long kb[NT];
+    for (int t = 0; t < NT; ++t) kb[t] = sl[t] * a.k_slot + (hq / a.group) * a.k_head;
+    vf acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = vf{};
+    long i = 0;
+    for (; i + W <= a.dk; i += W) {
+      const vf qv = vload(qh + i);
+      for (int t = 0; t < NT; ++t) acc[t] += qv * load<KDT>(kp, kb[t] + i);
+    }
+    for (int t = 0; t < NT; ++t) {
+      float s = hsum(acc[t]);
+      for (long j = i; j < a.dk; ++j) s += qh[j] * get<KDT>(kp, kb[t] + j);
+      sc[hq * stride + t] = s;
     }
   }
-  for (int t = 0; t < T; ++t)
-    for (int g = 0; g < G; ++g) {
-      float s = hsum(acc[t][g]);
-      for (long j = i; j < dk; ++j) s += qf[g * dk + j] * get<KDT>(kp, krow[t] + j);
-      sc[g * stride + t] = s;
-    }
 }
 
-// One query group (G heads sharing a KV head) over one sequence's context: scores, softmax in
-// float32, then the probability-weighted sum of values, B vectors of the value row at a time.
-template <int KDT, int IODT, int G>
-static void attend_group(const void* q, long q_row, long q_head, long dk, const void* kp, long k_slot, long k_off,
-                         const void* vp, long v_slot, long v_off, long dv, long len, const int64_t* slots, float scale,
-                         void* out, long o_row, long o_head, long row, long head0, std::vector<float>& buf) {
-  constexpr int T = G >= 8 ? 1 : 8 / G;
-  constexpr int B = G >= 8 ? 1 : 8 / G;
-  buf.resize(size_t(G) * dk + size_t(G) * len);
+// acc[head][dv] += sum over the NT value rows at pool slots sl of p[head * stride + t] * row
+template <int KDT, int NT>
+static inline void accumulate_rows(const AttnShape& a, const float* p, long stride, const void* vp, const int64_t* sl,
+                                   float* acc) {
+  for (long hq = 0; hq < a.hq; ++hq) {
+    long vb[NT];
+    for (int t = 0; t < NT; ++t) vb[t] = sl[t] * a.v_slot + (hq / a.group) * a.v_head;
+    float* o = acc + hq * a.dv;
+    vf ps[NT];
+    for (int t = 0; t < NT; ++t) ps[t] = vsplat(p[hq * stride + t]);
+    long d = 0;
+    for (; d + W <= a.dv; d += W) {
+      vf x = vload(o + d);
+      for (int t = 0; t < NT; ++t) x += ps[t] * load<KDT>(vp, vb[t] + d);
+      vstore(o + d, x);
+    }
+    for (; d < a.dv; ++d)
+      for (int t = 0; t < NT; ++t) o[d] += p[hq * stride + t] * get<KDT>(vp, vb[t] + d);
+  }
+}
+
+// One item: query row `row` over keys sl[0..len). part = [acc (hq x dv) | max (hq) | sum (hq)],
+// acc unnormalised and max in scaled units.
+template <int KDT, int IODT>
+static void attend_chunk(const AttnShape& a, const void* q, long row, const void* kp, const void* vp,
+                         const int64_t* sl, long len, float* part, std::vector<float>& buf) {
+  buf.resize(size_t(a.hq * a.dk + a.hq * len));
   float* qf = buf.data();
-  float* sc = qf + G * dk;
-  for (int g = 0; g < G; ++g)
-    for (long i = 0; i < dk; ++i) qf[g * dk + i] = get<IODT>(q, row * q_row + (head0 + g) * q_head + i);
+  float* sc = qf + a.hq * a.dk;
+  for (long h = 0; h < a.hq; ++h)
+    for (long i = 0; i < a.dk; ++i) qf[h * a.dk + i] = get<IODT>(q, row * a.q_row + h * a.q_head + i);
   long t = 0;
-  long krow[T];
-  for (; t + T <= len; t += T) {
-    for (int a = 0; a < T; ++a) krow[a] = slots[t + a] * k_slot + k_off;
-    scores_block<KDT, G, T>(qf, dk, kp, krow, sc + t, len);
-  }
-  for (; t < len; ++t) {
-    krow[0] = slots[t] * k_slot + k_off;
-    scores_block<KDT, G, 1>(qf, dk, kp, krow, sc + t, len);
-  }
-  float inv[G];
-  for (int g = 0; g < G; ++g) {
-    float* s = sc + g * len;
+  for (; t + T_KEYS <= len; t += T_KEYS) scores_rows<KDT, T_KEYS>(a, qf, kp, sl + t, sc + t, len);
+  for (; t < len; ++t) scores_rows<KDT, 1>(a, qf, kp, sl + t, sc + t, len);
+  float* acc = part;
+  float* mx_out = part + a.hq * a.dv;
+  float* sum_out = mx_out + a.hq;
+  for (long h = 0; h < a.hq; ++h) {
+    float* s = sc + h * len;
     float mx = -INFINITY;
     for (long j = 0; j < len; ++j) mx = std::max(mx, s[j]);
-    mx *= scale;
-    const vf vs = vsplat(scale), vm = vsplat(mx);
+    mx *= a.scale;
+    const vf vs = vsplat(a.scale), vm = vsplat(mx);
     vf vsum{};
     long j = 0;
     for (; j + W <= len; j += W) {
@@ -274,66 +318,61 @@ static void attend_group(const void* q, long q_row, long q_head, long dk, const 
     }
     float sum = hsum(vsum);
     for (; j < len; ++j) {
-      s[j] = std::exp(s[j] * scale - mx);
+      s[j] = std::exp(s[j] * a.scale - mx);
       sum += s[j];
     }
-    inv[g] = 1.f / sum;
+    mx_out[h] = mx;
+    sum_out[h] = sum;
   }
-  long d = 0;
-  for (; d + B * W <= dv; d += B * W) {
-    vf acc[G][B];
-    for (int g = 0; g < G; ++g)
-      for (int b = 0; b < B; ++b) acc[g][b] = vf{};
-    for (long j = 0; j < len; ++j) {
-      const long base = slots[j] * v_slot + v_off + d;
-      vf vv[B];
-      for (int b = 0; b < B; ++b) vv[b] = load<KDT>(vp, base + b * W);
-      for (int g = 0; g < G; ++g) {
-        const vf p = vsplat(sc[g * len + j]);
-        for (int b = 0; b < B; ++b) acc[g][b] += p * vv[b];
-      }
-    }
-    for (int g = 0; g < G; ++g)
-      for (int b = 0; b < B; ++b)
-        for (int e = 0; e < W; ++e)
-          put<IODT>(out, row * o_row + (head0 + g) * o_head + d + b * W + e, acc[g][b][e] * inv[g]);
-  }
-  for (; d < dv; ++d)
-    for (int g = 0; g < G; ++g) {
-      float s = 0.f;
-      for (long j = 0; j < len; ++j) s += sc[g * len + j] * get<KDT>(vp, slots[j] * v_slot + v_off + d);
-      put<IODT>(out, row * o_row + (head0 + g) * o_head + d, s * inv[g]);
-    }
+  std::fill(acc, acc + a.hq * a.dv, 0.f);
+  for (t = 0; t + T_KEYS <= len; t += T_KEYS) accumulate_rows<KDT, T_KEYS>(a, sc + t, len, vp, sl + t, acc);
+  for (; t < len; ++t) accumulate_rows<KDT, 1>(a, sc + t, len, vp, sl + t, acc);
 }
 
 template <int KDT, int IODT>
-static void attention_t(const void* q, long q_row, long q_head, long hq, long dk, const void* kp, long k_slot,
-                        long k_head, const void* vp, long v_slot, long v_head, long dv, long hkv, long n,
-                        const int64_t* rows, const int64_t* offsets, const int64_t* slots, float scale, void* out,
-                        long o_row, long o_head, int threads) {
-  const long group = hq / hkv;
-  const long sub = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;  // heads per work item
-  const long per_seq = hkv * (group / sub);
-  const long items = n * per_seq;
-  parallel_for(items, 1, threads, [&](long first, long last) {
+static void attention_t(const void* q, const AttnShape& a, const void* kp, const void* vp, long n, const int64_t* rows,
+                        const int64_t* offsets, const int64_t* slots, void* out, long o_row, long o_head, int threads) {
+  // chunk length: about four items per thread over the whole batch, 32..512 keys each
+  const long total = offsets[n] - offsets[0];
+  const long chunk = std::min(512L, std::max(32L, (total + 4L * threads - 1) / (4L * threads)));
+  std::vector<long> first(n + 1, 0);  // first item of each sequence
+  for (long i = 0; i < n; ++i) first[i + 1] = first[i] + (offsets[i + 1] - offsets[i] + chunk - 1) / chunk;
+  const long items = first[n], part = a.hq * (a.dv + 2);
+  std::vector<float> parts(size_t(items * part));
+  parallel_for(items, 1, threads, [&](long lo, long hi) {
     static thread_local std::vector<float> buf;
-    for (long it = first; it < last; ++it) {
-      const long i = it / per_seq, within = it % per_seq;
-      const long h = within / (group / sub), head0 = h * group + (within % (group / sub)) * sub;
-      const long len = offsets[i + 1] - offsets[i];
-      const int64_t* sl = slots + offsets[i];
-      const long row = rows[i];
-#define HC_ATTEND(G)                                                                                        \
-  attend_group<KDT, IODT, G>(q, q_row, q_head, dk, kp, k_slot, h * k_head, vp, v_slot, h * v_head, dv, len, sl, \
-                             scale, out, o_row, o_head, row, head0, buf)
-      switch (sub) {
-        case 8: HC_ATTEND(8); break;
-        case 4: HC_ATTEND(4); break;
-        case 2: HC_ATTEND(2); break;
-        default: HC_ATTEND(1); break;
-      }
-#undef HC_ATTEND
+    long i = long(std::upper_bound(first.begin(), first.end(), lo) - first.begin()) - 1;
+    for (long it = lo; it < hi; ++it) {
+      while (first[i + 1] <= it) ++i;
+      const long k0 = offsets[i] + (it - first[i]) * chunk, k1 = std::min(offsets[i + 1], k0 + chunk);
+      attend_chunk<KDT, IODT>(a, q, rows[i], kp, vp, slots + k0, k1 - k0, parts.data() + it * part, buf);
     }
+  });
+  // merge: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c
+  parallel_for(n, std::max(1L, 4096L / std::max(1L, a.hq * a.dv)), threads, [&](long s0, long s1) {
+    std::vector<float> weight;
+    for (long i = s0; i < s1; ++i)
+      for (long h = 0; h < a.hq; ++h) {
+        const long o = rows[i] * o_row + h * o_head;
+        if (first[i] == first[i + 1]) {  // no context: nothing to attend
+          for (long d = 0; d < a.dv; ++d) put<IODT>(out, o + d, 0.f);
+          continue;
+        }
+        const long c0 = first[i], nc = first[i + 1] - c0;
+        float m = -INFINITY, l = 0.f;
+        for (long c = 0; c < nc; ++c) m = std::max(m, parts[(c0 + c) * part + a.hq * a.dv + h]);
+        weight.resize(size_t(nc));
+        for (long c = 0; c < nc; ++c) {
+          const float* pc = parts.data() + (c0 + c) * part;
+          weight[c] = std::exp(pc[a.hq * a.dv + h] - m);
+          l += weight[c] * pc[a.hq * a.dv + a.hq + h];
+        }
+        for (long d = 0; d < a.dv; ++d) {
+          float x = 0.f;
+          for (long c = 0; c < nc; ++c) x += weight[c] * parts[(c0 + c) * part + h * a.dv + d];
+          put<IODT>(out, o + d, x / l);
+        }
+      }
   });
 }
 
@@ -341,10 +380,9 @@ static void decode_attention(const void* q, long q_row, long q_head, long hq, lo
                              long k_head, const void* vp, long v_slot, long v_head, long dv, long hkv, int kv_dt,
                              int io_dt, long n, const int64_t* rows, const int64_t* offsets, const int64_t* slots,
                              float scale, void* out, long o_row, long o_head, int threads) {
-#define HC_CASE(K, I)                                                                                        \
-  if (kv_dt == K && io_dt == I)                                                                              \
-    return attention_t<K, I>(q, q_row, q_head, hq, dk, kp, k_slot, k_head, vp, v_slot, v_head, dv, hkv, n, rows, \
-                             offsets, slots, scale, out, o_row, o_head, threads);
+  const AttnShape a{q_row, q_head, hq, dk, k_slot, k_head, v_slot, v_head, dv, hkv, hq / hkv, scale};
+#define HC_CASE(K, I) \
+  if (kv_dt == K && io_dt == I) return attention_t<K, I>(q, a, kp, vp, n, rows, offsets, slots, out, o_row, o_head, threads);
   HC_CASE(F32, F32) HC_CASE(F32, F16) HC_CASE(F32, BF16)
   HC_CASE(F16, F32) HC_CASE(F16, F16) HC_CASE(F16, BF16)
   HC_CASE(BF16, F32) HC_CASE(BF16, F16) HC_CASE(BF16, BF16)
@@ -478,10 +516,64 @@ static void rope_store(void* q, long q_row, long q_head, long hq, void* k, long 
 #undef HC_CASE
 }
 
+// ------------------------------------------------------------------------------------ decoder stack
+// Every layer of a Llama-family decoder for a batch of decoding rows, in one call: the ops above
+// in the order the model's Python forward runs them (norm, q/k/v, q/k norm, RoPE and the KV
+// store, attention, o, norm, gate/up, SiLU x up, down), so a decode step crosses into Python once
+// instead of about ten times a layer. h (n x hidden) is the residual stream: on return it holds
+// the last layer's output added in. Biases of o and down are added inside their matmul.
+template <int DT>
+static void add_into(void* h, const void* delta, long count) {
+  for (long i = 0; i < count; ++i) put<DT>(h, i, get<DT>(h, i) + get<DT>(delta, i));
+}
+
+static void decode_stack(const DecoderLayer* layers, const DecoderShape* s, void* h, long n, const void* cos,
+                         const void* sin, const int64_t* out_slots, const int64_t* rows, const int64_t* offsets,
+                         const int64_t* slots, int threads) {
+  const long H = s->hidden, D = s->head_dim, nq = s->heads, nkv = s->kv_heads, I = s->inter;
+  const long qkv_w = (nq + 2 * nkv) * D, elem = s->dt == F32 ? 4 : 2;
+  static thread_local std::vector<char> scratch;
+  scratch.resize(size_t(n * (3 * H + qkv_w + nq * D + 3 * I) * elem));
+  char* x = scratch.data();
+  char* delta = x + n * H * elem;
+  char* o = delta + n * H * elem;
+  char* qkv = o + n * H * elem;
+  char* attn = qkv + n * qkv_w * elem;
+  char* gate_up = attn + n * nq * D * elem;
+  char* act = gate_up + n * 2 * I * elem;
+  for (long l = 0; l < s->layers; ++l) {
+    const DecoderLayer& L = layers[l];
+    add_rms_norm(h, l ? delta : nullptr, L.ln1, n, H, s->eps, x, s->dt, threads);
+    linear(x, n, H, H, L.wqkv, qkv_w, H, L.bqkv, qkv, qkv_w, s->dt, threads);
+    if (L.q_norm)
+      for (long r = 0; r < n; ++r) {
+        char* qr = qkv + r * qkv_w * elem;
+        add_rms_norm(qr, nullptr, L.q_norm, nq, D, s->eps, qr, s->dt, threads);
+        add_rms_norm(qr + nq * D * elem, nullptr, L.k_norm, nkv, D, s->eps, qr + nq * D * elem, s->dt, threads);
+      }
+    rope_store(qkv, qkv_w, D, nq, qkv + nq * D * elem, qkv_w, D, qkv + (nq + nkv) * D * elem, qkv_w, D, nkv, D, n,
+               cos, sin, L.k_pool, s->kp_slot, s->kp_head, L.v_pool, s->vp_slot, s->vp_head, out_slots, s->dt,
+               s->kv_dt, threads);
+    decode_attention(qkv, qkv_w, D, nq, D, L.k_pool, s->kp_slot, s->kp_head, L.v_pool, s->vp_slot, s->vp_head, D, nkv,
+                     s->kv_dt, s->dt, n, rows, offsets, slots, s->scale, attn, nq * D, D, threads);
+    linear(attn, n, nq * D, nq * D, L.wo, H, nq * D, L.bo, o, H, s->dt, threads);
+    add_rms_norm(h, o, L.ln2, n, H, s->eps, x, s->dt, threads);
+    linear(x, n, H, H, L.w_gate_up, 2 * I, H, L.b_gate_up, gate_up, 2 * I, s->dt, threads);
+    silu_mul(gate_up, n, I, act, s->dt, threads);
+    linear(act, n, I, I, L.w_down, H, I, L.b_down, delta, H, s->dt, threads);
+  }
+  if (s->layers == 0) return;
+  switch (s->dt) {
+    case F32: return add_into<F32>(h, delta, n * H);
+    case F16: return add_into<F16>(h, delta, n * H);
+    case BF16: return add_into<BF16>(h, delta, n * H);
+  }
+}
+
 }  // namespace HC_NS
 
 namespace hc {
 extern const Ops HC_OPS_SYMBOL;
-const Ops HC_OPS_SYMBOL = {HC_VARIANT_NAME, HC_NS::linear,     HC_NS::decode_attention,
-                           HC_NS::add_rms_norm,  HC_NS::silu_mul, HC_NS::rope_store};
+const Ops HC_OPS_SYMBOL = {HC_VARIANT_NAME,     HC_NS::linear,   HC_NS::decode_attention, HC_NS::add_rms_norm,
+                           HC_NS::silu_mul,     HC_NS::rope_store, HC_NS::decode_stack};
 }  // namespace hc

@@ -76,6 +76,7 @@ def load_model(model_path: str, dtype: "torch.dtype", device: "torch.device", ma
     """The model (this rank's shard of it under tensor parallelism), its tokenizer and generation defaults."""
     from cache_runtime.models.base import RandomWeights, Shard
     from cache_runtime.models.deepseek import DeepseekV3ForCausalLM
+    from cache_runtime.models.hugepages import move_weights
     from cache_runtime.models.llama import LlamaForCausalLM
     from cache_runtime.tokenization import ByteTokenizer, load_tokenizer
 
@@ -96,4 +97,6 @@ def load_model(model_path: str, dtype: "torch.dtype", device: "torch.device", ma
         model = family(cfg, weights, dtype, device, max_positions, shard or Shard())
     finally:
         weights.close()
+    if device.type == "cpu":
+        move_weights(model)
     return LoadedModel(cfg, model, tokenizer, generation)

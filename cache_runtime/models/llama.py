@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from cache_runtime import cpu_kernels
 from cache_runtime.cpu_kernels import linear
 from cache_runtime.models.base import CausalLM, Shard, WeightSource, rows_of
 from cache_runtime.models.config import ModelConfig
@@ -66,6 +67,28 @@ class LlamaForCausalLM(CausalLM):
         self.layers = [_Layer(cfg, i, weights, dtype, device, shard) for i in range(cfg.num_layers)]
         self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, device)
         self.scale = cfg.head_dim ** -0.5
+        self._stack: tuple | None = None  # (pool pointers, native decode_stack arguments)
+
+    def _native_stack(self, h: torch.Tensor, batch: ForwardBatch, k_pool: list[torch.Tensor],
+                      v_pool: list[torch.Tensor]):
+        """The native decoder stack's arguments when this batch can run through it: every row
+        decoding, one rank, no sliding window, no layer-by-layer KV loads; else None."""
+        if (self.shard.world > 1 or batch.wait_layer is not None or self.rotary.interleave
+                or any(L.window is not None for L in self.layers) or len(batch.seqs) != h.shape[0]
+                or any(s.num_new != 1 for s in batch.seqs) or batch.out_slots.dtype != torch.int64
+                or not cpu_kernels.decode_stack_supported(h, k_pool[0], v_pool[0])):
+            return None
+        pointers = tuple(t.data_ptr() for t in k_pool) + tuple(t.data_ptr() for t in v_pool)
+        if self._stack is None or self._stack[0] != pointers:
+            cfg = self.cfg
+            nq, nkv = self.layers[0].heads
+            layers = [dict(ln1=L.ln1, wqkv=L.wqkv, bqkv=L.bqkv, q_norm=L.q_norm, k_norm=L.k_norm, wo=L.wo, bo=L.bo,
+                           ln2=L.ln2, w_gate_up=L.w_gate_up, b_gate_up=L.b_gate_up, w_down=L.w_down, b_down=L.b_down)
+                      for L in self.layers]
+            self._stack = pointers, cpu_kernels.decoder_stack(
+                layers, cfg.hidden_size, nq, nkv, cfg.head_dim, self.layers[0].w_down.shape[1], cfg.rms_norm_eps,
+                self.scale, k_pool, v_pool)
+        return self._stack[1]
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, k_pool: list[torch.Tensor], v_pool: list[torch.Tensor] | None
@@ -76,6 +99,11 @@ class LlamaForCausalLM(CausalLM):
         nq, nkv = self.layers[0].heads
         h = F.embedding(batch.input_ids, self.embed)
         rot = self.rotary.table(batch.positions, self.dtype)
+        stack = self._native_stack(h, batch, k_pool, v_pool)
+        if stack is not None:
+            cos, sin = (t.reshape(n, D // 2) for t in rot)
+            cpu_kernels.decode_stack(stack, h, cos, sin, batch.out_slots, *batch.plan(None).decode_index())
+            return self._logits(h, batch)
         delta = None  # the last sublayer's output, added to h by the next norm
         for i, L in enumerate(self.layers):
             h, x = add_rms_norm(h, delta, L.ln1, eps)

@@ -233,6 +233,69 @@ def test_model_with_native_kernels_matches_the_torch_fallback(oracles, kind):
     assert _rel(native_bf16.float(), want) <= 1.5 * _rel(torch_bf16.float(), want) + 1e-3
 
 
+def _batched_decode(loaded, prompts, steps, force=None):
+    """Each prompt prefilled alone, then ``steps`` decode steps of all of them in one batch (one row
+    each), feeding the greedy tokens (or ``force``'s): (logits of every decode step, the tokens)."""
+    cfg = loaded.cfg
+    heads, width = cfg.kv_row()
+    pool = DevicePool(256, 1, cfg.num_layers, heads, width, loaded.model.dtype, CPU, mla=cfg.is_mla)
+    order = torch.randperm(256, generator=torch.Generator().manual_seed(1))
+    slots, lens, feed = [], [], []
+    for i, ids in enumerate(prompts):
+        own = order[i * 64 : (i + 1) * 64]
+        n = len(ids)
+        logits = loaded.model(ForwardBatch(torch.tensor(ids), torch.arange(n), own[:n], [SeqSpan(0, n, own[:n], True)]),
+                              pool.k, pool.v)
+        slots.append(own)
+        lens.append(n)
+        feed.append(int(logits[0].argmax()))
+    every, tokens = [], []
+    for step in range(steps):
+        if force is not None:
+            feed = force[step]
+        tokens.append(list(feed))
+        batch = ForwardBatch(torch.tensor(feed), torch.tensor(lens), torch.stack([s[n] for s, n in zip(slots, lens)]),
+                             [SeqSpan(i, 1, s[: n + 1], True) for i, (s, n) in enumerate(zip(slots, lens))])
+        logits = loaded.model(batch, pool.k, pool.v)
+        every.append(logits)
+        lens = [n + 1 for n in lens]
+        feed = logits.argmax(dim=-1).tolist()
+    return torch.stack(every), tokens
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "llama-mha-bias-tied", "qwen2", "qwen3"])
+def test_decoder_stack_matches_the_op_by_op_path(oracles, kind, monkeypatch):
+    """A batch of decoding rows through the native decoder stack (one call for every layer) and
+    through the model's op-by-op path: float32 logits agree and greedy tokens are equal; in
+    bfloat16 both are as close to float32 (the o/down biases round once inside their matmul in
+    the stack, once more after it op by op)."""
+    if not VARIANTS:
+        pytest.skip("no native CPU kernel variant runs on this machine")
+    path, _ = oracles(kind)
+    prompts = [torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 9, 14)]
+    f32 = load_model(str(path), torch.float32, CPU, max_positions=512)
+    bf16 = load_model(str(path), torch.bfloat16, CPU, max_positions=512)
+    used = []
+    real = type(f32.model)._native_stack
+
+    def spy(self, h, batch, *pools):
+        stack = real(self, h, batch, *pools)
+        if all(s.num_new == 1 for s in batch.seqs):
+            used.append(stack is not None)
+        return stack
+
+    monkeypatch.setattr(type(f32.model), "_native_stack", spy)
+    stack_f32, tokens = _batched_decode(f32, prompts, 10)
+    stack_bf16, _ = _batched_decode(bf16, prompts, 10, force=tokens)
+    assert used and all(used), "the decode steps did not run through the native stack"
+    monkeypatch.setattr(type(f32.model), "_native_stack", lambda self, *args: None)
+    ops_f32, ops_tokens = _batched_decode(f32, prompts, 10)
+    ops_bf16, _ = _batched_decode(bf16, prompts, 10, force=tokens)
+    assert ops_tokens == tokens
+    assert _rel(stack_f32, ops_f32) < 1e-5
+    assert _rel(stack_bf16.float(), ops_f32) <= 1.5 * _rel(ops_bf16.float(), ops_f32) + 1e-3
+
+
 def test_disabled_or_stale_library_falls_back_to_torch(monkeypatch):
     """HICACHE_CPU_KERNELS=0, or a library built from other sources, leaves every op to torch."""
     code = ("from cache_runtime import cpu_kernels as c; import torch; "
