@@ -28,9 +28,17 @@ static inline vf vload(const float* p) {
 static inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 static inline vf vsplat(float x) { return vf{} + x; }
 static inline float hsum(vf v) {
+#if HC_VW == 8
+  __m256 r;
+  std::memcpy(&r, &v, sizeof r);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+#else
   float s = 0.f;
   for (int i = 0; i < W; ++i) s += v[i];
   return s;
+#endif
 }
 
 // W elements of dtype DT at element index i, as float32
@@ -295,8 +303,12 @@ static void attend_chunk(const AttnShape& a, const void* q, long row, const void
   buf.resize(size_t(a.hq * a.dk + a.hq * len));
   float* qf = buf.data();
   float* sc = qf + a.hq * a.dk;
-  for (long h = 0; h < a.hq; ++h)
-    for (long i = 0; i < a.dk; ++i) qf[h * a.dk + i] = get<IODT>(q, row * a.q_row + h * a.q_head + i);
+  for (long h = 0; h < a.hq; ++h) {
+    const long base = row * a.q_row + h * a.q_head;
+    long i = 0;
+    for (; i + W <= a.dk; i += W) vstore(qf + h * a.dk + i, load<IODT>(q, base + i));
+    for (; i < a.dk; ++i) qf[h * a.dk + i] = get<IODT>(q, base + i);
+  }
   long t = 0;
   for (; t + T_KEYS <= len; t += T_KEYS) scores_rows<KDT, T_KEYS>(a, qf, kp, sl + t, sc + t, len);
   for (; t < len; ++t) scores_rows<KDT, 1>(a, qf, kp, sl + t, sc + t, len);
