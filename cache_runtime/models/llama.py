@@ -76,6 +76,7 @@ class LlamaForCausalLM(CausalLM):
         if (self.shard.world > 1 or batch.wait_layer is not None or self.rotary.interleave
                 or any(L.window is not None for L in self.layers) or len(batch.seqs) != h.shape[0]
                 or any(s.num_new != 1 for s in batch.seqs) or batch.out_slots.dtype != torch.int64
+                or not batch.out_slots.is_contiguous()
                 or not cpu_kernels.decode_stack_supported(h, k_pool[0], v_pool[0])):
             return None
         pointers = tuple(t.data_ptr() for t in k_pool) + tuple(t.data_ptr() for t in v_pool)
