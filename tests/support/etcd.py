@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.mooncake import free_port
+from tests.support.procs import free_port, stop_process, wait_ready
 
 READY_TIMEOUT_S = 30.0
 
@@ -44,24 +43,16 @@ class Etcd:
                  "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                  "--initial-cluster", f"default={peer}", "--unsafe-no-fsync"],
                 stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{client}/health", timeout=1) as resp:
-                    if b'"health":"true"' in resp.read():
-                        return self
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"etcd did not start: {(self.workdir / 'etcd.log').read_text()[-2000:]}")
-            time.sleep(0.1)
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{client}/health", timeout=1) as resp:
+                return b'"health":"true"' in resp.read()
+
+        why = wait_ready(self.proc, ready, READY_TIMEOUT_S, 0.1)
+        if why is not None:
+            self.stop()
+            raise RuntimeError(f"etcd {why}: {(self.workdir / 'etcd.log').read_text()[-2000:]}")
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)

@@ -19,12 +19,13 @@ import os
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.support.procs import free_port, stop_process, wait_ready  # noqa: F401  (free_port: for the tests)
 
 CLIENT_ENV = {
     "MC_TCP_BIND_ADDRESS": "127.0.0.1",  # else the transfer engine advertises the eth0 address
@@ -41,12 +42,6 @@ def master_binary() -> Path | None:
         return None
     path = Path(mooncake.__file__).parent / "mooncake_master"
     return path if path.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:
@@ -100,14 +95,10 @@ class MooncakeMaster:
                  "--rpc_address=127.0.0.1", f"--rpc_port={self.rpc_port}", "--metrics_host=127.0.0.1",
                  f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={self.lease_ttl_ms}", *ha],
                 stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not self._answers():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mooncake_master exited with {self.proc.returncode}: {self.log_tail()}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"mooncake_master not ready in {READY_TIMEOUT_S}s: {self.log_tail()}")
-            time.sleep(0.05)
+        why = wait_ready(self.proc, self._answers, READY_TIMEOUT_S, 0.05)
+        if why is not None:
+            self.kill()
+            raise RuntimeError(f"mooncake_master {why}: {self.log_tail()}")
         if self.proc.poll() is not None:
             raise RuntimeError(f"mooncake_master died after binding: {self.log_tail()}")
         return self
@@ -119,12 +110,7 @@ class MooncakeMaster:
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.proc, 5)
 
     def segments(self) -> list[str]:
         """Segment names the master knows (``<local_hostname>:<port>`` per client), from its admin HTTP API."""

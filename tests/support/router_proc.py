@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.support.runtime_proc import free_port
+from tests.support.procs import free_port, stop_process, wait_ready
 
 
 class Router:
@@ -33,28 +32,18 @@ class Router:
 
     def start(self, timeout: float = 120.0) -> "Router":
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sglang-router exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                listed = httpx.get(self.url + "/workers", headers=self.headers, timeout=2, trust_env=False).json()
-                if {w["url"] for w in listed.get("workers", [])} == set(self.workers) and \
-                        httpx.get(self.url + "/readiness", headers=self.headers, timeout=2,
-                                  trust_env=False).status_code == 200:
-                    return self
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"sglang-router not ready with {len(self.workers)} workers in {timeout:.0f} s")
+
+        def ready() -> bool:
+            listed = httpx.get(self.url + "/workers", headers=self.headers, timeout=2, trust_env=False).json()
+            return {w["url"] for w in listed.get("workers", [])} == set(self.workers) and httpx.get(
+                self.url + "/readiness", headers=self.headers, timeout=2, trust_env=False).status_code == 200
+
+        why = wait_ready(self.proc, ready, timeout, 0.5)
+        if why is not None:
+            self.stop()
+            raise RuntimeError(f"sglang-router {why} with {len(self.workers)} workers; see {self.log.name}")
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 15)
         self.log.close()

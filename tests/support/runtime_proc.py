@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from tests.support.procs import free_port, stop_process, wait_ready
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def peak_rss_bytes(pid: int) -> int | None:
@@ -56,18 +50,12 @@ class RuntimeProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cache_runtime", "serve", "--host", self.host, "--port", str(self.port),
                  *self.flags], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"runtime exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1, trust_env=False).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"runtime did not become healthy within {self.ready_timeout:.0f}s:\n{self.log()}")
+        why = wait_ready(self.proc, lambda: httpx.get(f"{self.url}/health", timeout=1, trust_env=False).status_code
+                         == 200, self.ready_timeout, 0.2)
+        if why is not None:
+            self.stop()
+            raise RuntimeError(f"runtime {why} (/health):\n{self.log()}")
+        return self
 
     @property
     def pid(self) -> int:
@@ -90,12 +78,7 @@ class RuntimeProcess:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.proc, 20, group=True)
 
 
 def metric(client: httpx.Client, name: str, labels: str = "") -> float:

@@ -61,7 +61,8 @@ def test_library_is_built_and_active_where_the_cpu_runs_it():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 13, 7), (2, 64, 4), (3, 100, 33), (5, 37, 9), (16, 1000, 5),
-                                   (7, 8, 130), (37, 70, 19)])  # 37 rows: three blocks of x
+                                   (7, 8, 130), (37, 70, 19),  # 37 rows: three blocks of x
+                                   (1, 1030, 701), (2, 517, 1203)])  # many chunks, each R streams and a rest
 def test_linear_matches_float64(variant, monkeypatch, dtype, m, k, n):
     for name in ("LINEAR_MAX_ROWS", "LINEAR_MAX_ROWS_BF16_AVX512BF16"):  # native for every m here
         monkeypatch.setattr(cpu_kernels, name, cpu_kernels.LINEAR_MAX_ROWS_HALF)
