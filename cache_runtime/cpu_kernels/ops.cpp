@@ -124,6 +124,14 @@ static void stage_x(const void* x, long k, float* out) {
   for (; i < k; ++i) out[i] = get<DT>(x, i);
 }
 
+// 2W bf16 elements of w at element i as W 32-bit lanes: the evens (lane << 16) and the odds (lane
+// masked), each as float32
+static inline void bf16_pair(const void* w, long i, vf& even, vf& odd) {
+  vu lanes;
+  std::memcpy(&lanes, static_cast<const uint16_t*>(w) + i, sizeof lanes);
+  even = reinterpret_cast<vf>(lanes << 16), odd = reinterpret_cast<vf>(lanes & 0xffff0000u);
+}
+
 // R weight rows (element offsets off[r]) against MT rows of x: out[r * MT + m] = sum_k x[m, k] w_r[k].
 // Each step converts S elements of every weight row once and loads S of every x row once (the
 // smaller set is held in registers while the other streams past it), then runs the MT x R FMAs.
@@ -150,18 +158,13 @@ static inline void linear_rows(const float* x, long k, const void* w, const long
         vf xe[MT], xo[MT];
         for (int m = 0; m < MT; ++m) xe[m] = vload(x + m * k + at), xo[m] = vload(x + m * k + at + W);
         for (int r = 0; r < R; ++r) {
-          vu lanes;
-          std::memcpy(&lanes, static_cast<const uint16_t*>(w) + off[r] + at, sizeof lanes);
-          const vf we = reinterpret_cast<vf>(lanes << 16), wo = reinterpret_cast<vf>(lanes & 0xffff0000u);
+          vf we, wo;
+          bf16_pair(w, off[r] + at, we, wo);
           for (int m = 0; m < MT; ++m) fma2(r, m, xe[m], xo[m], we, wo);
         }
       } else {
         vf we[R], wo[R];
-        for (int r = 0; r < R; ++r) {
-          vu lanes;
-          std::memcpy(&lanes, static_cast<const uint16_t*>(w) + off[r] + at, sizeof lanes);
-          we[r] = reinterpret_cast<vf>(lanes << 16), wo[r] = reinterpret_cast<vf>(lanes & 0xffff0000u);
-        }
+        for (int r = 0; r < R; ++r) bf16_pair(w, off[r] + at, we[r], wo[r]);
         for (int m = 0; m < MT; ++m) {
           const vf xe = vload(x + m * k + at), xo = vload(x + m * k + at + W);
           for (int r = 0; r < R; ++r) fma2(r, m, xe, xo, we[r], wo[r]);
