@@ -142,20 +142,24 @@ EXPOSE 8080 8081
 CMD ["python", "-m", "hicache_operator", "--all-namespaces", "--liveness", "http://0.0.0.0:8081/healthz"]
 
 # ---- router: build -------------------------------------------------------------------------
-# sglang-router's wheel carries the router (Rust) and its Python launcher.
+# sglang-router's wheel carries the router (Rust) and its Python launcher; aiohttp runs the client
+# gate in front of it (hicache_operator/router_gate.py, one module, stdlib and aiohttp only).
 FROM python:3.11.14-slim-bookworm AS router-build
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir sglang-router==0.3.2
+ && /opt/venv/bin/pip install --no-cache-dir sglang-router==0.3.2 aiohttp==3.14.5
 
 # ---- router: final -------------------------------------------------------------------------
 FROM python:3.11.14-slim-bookworm AS router
 RUN groupadd --gid 10001 hicache \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin hicache
 COPY --from=router-build /opt/venv /opt/venv
+COPY hicache_operator/__init__.py hicache_operator/router_gate.py /opt/hicache/hicache_operator/
 ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONPATH=/opt/hicache \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 USER 10001:10001
-EXPOSE 30000 29000
-# The operator sets the command: python -m sglang_router.launch_router --service-discovery ...
+EXPOSE 30000 30001 29000
+# The operator sets the commands: python -m sglang_router.launch_router --service-discovery ...
+# (the router, on 30001) and python -m hicache_operator.router_gate (the clients' port, 30000)
 CMD ["python", "-m", "sglang_router.launch_router", "--help"]

@@ -97,7 +97,28 @@ def machine_info() -> dict:
     except (OSError, ValueError, IndexError):
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "mem_bytes": mem, "loadavg_at_start": os.getloadavg(),
-            "python": platform.python_version(), "cpu_flags": _vector_flags(), "cpu_kernels": _cpu_kernels()}
+            "python": platform.python_version(), "cpu_flags": _vector_flags(), "cpu_kernels": _cpu_kernels(),
+            "lscpu": _lscpu()}
+
+
+def _lscpu() -> dict:
+    """lscpu's model name and full flag list: which machine a figure came from."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return {"model_name": fields.get("Model name", "").strip(), "flags": fields.get("Flags", "").split()}
+
+
+def gemm_calibration(log_path: Path) -> str | None:
+    """The runtime's CPU GEMM calibration line from its log (the row limit it measured at load)."""
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [line.split("CPU GEMM calibrated", 1)[1] for line in lines if "CPU GEMM calibrated" in line]
+    return "CPU GEMM calibrated" + found[-1] if found else None
 
 
 _VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16")

@@ -392,7 +392,7 @@ def server_flags(name: str, a, workdir: Path, mooncake_rpc: int | None, fresh_st
 
 def wait_storage_settled(url: str, timeout: float = 120.0, quiet_s: float = 2.0) -> float:
     """Waits until the L2 -> L3 writes of a server stop (sglang:backuped_tokens unchanged for ``quiet_s``
-    while idle); returns the tokens written. /flush_cache would cancel pending ones, so never flush first."""
+    while idle); returns the tokens written. /flush_cache refuses while they are in flight."""
     deadline = time.monotonic() + timeout
     last, since = None, time.monotonic()
     while time.monotonic() < deadline:
@@ -624,7 +624,7 @@ def main(argv=None) -> int:
                     flags, env = server_flags(name, a, workdir, rpc)
                     servers[name] = start_runtime(flags, workdir / f"{name}.log", env)
                 url = servers[name].url
-                flushed = httpx.post(url + "/flush_cache", timeout=60, trust_env=False)
+                flushed = httpx.post(url + "/flush_cache?timeout=60", timeout=90, trust_env=False)
                 if flushed.status_code != 200:
                     raise RuntimeError(f"[{name}] /flush_cache answered {flushed.status_code}: {flushed.text[:200]}")
                 before = scrape(url)

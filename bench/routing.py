@@ -92,7 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def flush(urls: list[str]) -> None:
     for url in urls:
-        r = httpx.post(url + "/flush_cache", timeout=60, trust_env=False)
+        r = httpx.post(url + "/flush_cache?timeout=60", timeout=90, trust_env=False)
         if r.status_code != 200:
             raise RuntimeError(f"{url}/flush_cache answered {r.status_code}: {r.text[:200]}")
 

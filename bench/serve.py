@@ -52,7 +52,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import (RuntimeProcess, machine_info, matmul_weight_bytes, no_nan,  # noqa: E402
+from _runtime_proc import (RuntimeProcess, gemm_calibration, machine_info, matmul_weight_bytes, no_nan,  # noqa: E402
                            resolve_model_path, start_runtime, stream_generate)
 
 GOAL_RATIO_C1 = 1.0
@@ -170,7 +170,7 @@ async def closed_loop(url: str, reqs: list[dict], concurrency: int) -> tuple[lis
 
 
 def runtime_pass(server: RuntimeProcess, reqs: list[dict], concurrency: int) -> dict:
-    r = httpx.post(server.url + "/flush_cache", timeout=60, trust_env=False)
+    r = httpx.post(server.url + "/flush_cache?timeout=60", timeout=90, trust_env=False)
     if r.status_code != 200:
         raise RuntimeError(f"/flush_cache answered {r.status_code}: {r.text[:200]}")
     results, wall = asyncio.run(closed_loop(server.url, reqs, concurrency))
@@ -194,7 +194,7 @@ def runtime_pass(server: RuntimeProcess, reqs: list[dict], concurrency: int) -> 
 
 def runtime_decode(server: RuntimeProcess, n: int, token_hi: int) -> dict:
     """One long generation from a 32-token prompt: decode tokens/s after the first token."""
-    httpx.post(server.url + "/flush_cache", timeout=60, trust_env=False)
+    httpx.post(server.url + "/flush_cache?timeout=60", timeout=90, trust_env=False)
     rng = random.Random(7)
     req = {"input_ids": [rng.randrange(token_hi) for _ in range(32)], "output_len": n, "text": None}
     (res,), _ = asyncio.run(closed_loop(server.url, [req], 1))
@@ -359,6 +359,8 @@ def main(argv=None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     server = start_runtime(flags, workdir / "runtime.log")
+    info["gemm_calibration"] = gemm_calibration(workdir / "runtime.log")
+    print(f"runtime: {info['gemm_calibration'] or 'no CPU GEMM calibration (torch only or pinned)'}")
     baseline = None
     runs = {c: {"runtime": [], "baseline": []} for c in a.concurrency}
     decode = {"runtime": [], "baseline": [], "bandwidth": []}

@@ -90,7 +90,7 @@ async def stress(url: str, prompts, reference, a) -> dict:
     stats["health_after"] = health
     for name in ("hicache_l2_backup_tokens_total", "sglang:load_back_tokens_total", "sglang:evicted_tokens_total",
                  "sglang:backuped_tokens_total", "sglang:prefetched_tokens_total"):
-        m = re.search(rf"^{re.escape(name)} (\S+)", metrics, re.M)
+        m = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)", metrics, re.M)
         stats[name] = float(m.group(1)) if m else None
     return stats
 

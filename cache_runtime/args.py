@@ -57,6 +57,11 @@ class ServerArgs:
     log_level: str = "info"
     normalisations: list[str] = field(default_factory=list)
 
+    @property
+    def served_name(self) -> str:
+        """The name the server answers under (SGLang: --served-model-name, defaulting to the model path)."""
+        return self.served_model_name or self.model_path
+
     def public_dict(self) -> dict:
         """Server args for /server_info, with secrets redacted."""
         d = asdict(self)

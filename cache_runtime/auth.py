@@ -13,7 +13,7 @@ class Level(enum.Enum):
     OPEN = "open"  # health, readiness, metrics, load
     NORMAL = "normal"  # inference and info: --api-key when set
     ADMIN_OPTIONAL = "admin_optional"  # --admin-api-key if set, else --api-key if set, else open
-    ADMIN_REQUIRED = "admin_required"  # storage attach/detach: a configured --admin-api-key is mandatory
+    ADMIN_REQUIRED = "admin_required"  # storage attach/detach/status: ADMIN_OPTIONAL, then a configured --admin-api-key
 
 
 def presented_key(request: Request) -> str | None:
@@ -43,13 +43,14 @@ def check(request: Request, level: Level, api_key: str | None, admin_key: str | 
             return None
         ok = key_matches(key, api_key) or (admin_key is not None and key_matches(key, admin_key))
         return None if ok else unauthorized()
+    expected = admin_key if admin_key is not None else api_key
+    if expected is not None and not key_matches(key, expected):
+        return unauthorized()
     if level is Level.ADMIN_REQUIRED and admin_key is None:
+        # SGLang: the caller passes the admin-optional check first, so a wrong key is 401 before this 400
         return JSONResponse(
-            {"error": "This endpoint requires admin API key, but this server was started without one. "
-                      "Start it with --admin-api-key (or $HICACHE_ADMIN_API_KEY)."},
+            {"error": "This endpoint requires admin API key, but this server was started without one "
+                      "(admin-api-key). Restart with --admin-api-key to enable."},
             status_code=400,
         )
-    expected = admin_key if admin_key is not None else api_key
-    if expected is None:
-        return None
-    return None if key_matches(key, expected) else unauthorized()
+    return None

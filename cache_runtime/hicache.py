@@ -369,7 +369,7 @@ class HiCache:
             self._submit_storage_backup(op.hashes, op.host_slots, op.lock_node)
 
     def wait_transfers(self, timeout: float) -> bool:
-        """Blocks the engine thread until every L1<->L2 copy is acked (flush, shutdown)."""
+        """Blocks the calling (engine) thread until every L1<->L2 copy is acked."""
         deadline = time.monotonic() + timeout
         while self._transfers_in_flight:
             remaining = deadline - time.monotonic()
@@ -438,13 +438,6 @@ class HiCache:
         self.storage = None
         self.storage_backend_name = None
         self.storage_extra_config = {}
-
-    def cancel_storage_backups(self) -> None:
-        for op in list(self._backup_ops):
-            with op.lock:
-                op.cancelled = True
-            self._backup_ops.discard(op)
-            self.tree.unpin_host(op.pin_node)
 
     def maybe_prefetch(self, key: list[int], ns: Namespace = None) -> PrefetchOp | None:
         """Starts fetching the page-aligned part of ``key`` beyond L1+L2 from L3, if worth it."""

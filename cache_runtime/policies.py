@@ -8,10 +8,6 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 IO_BACKENDS = ("kernel", "direct")
 
-# Knobs HiRadixCache pops before the rest of the extra-config reaches the backend (newer SGLang defaults).
-PREFETCH_KNOBS = ("prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
-                  "prefetch_timeout_max", "hicache_storage_pass_prefix_keys")
-
 
 def write_through_threshold(policy: str) -> int:
     """Hits before a node is copied to L2: write_through backs up on insert, selective on reuse."""
@@ -26,6 +22,10 @@ def check_policy(kind: str, value: str, allowed: tuple[str, ...]) -> str:
 
 @dataclass
 class PrefetchConfig:
+    """The engine's L3 prefetch knobs, popped from the extra config before the backend sees it. SGLang
+    (0.5.9-0.5.23) reads threshold, base, per-1024-token and pass_prefix_keys; ``timeout_max``, the cap
+    on the timeout and on wait_complete, is this runtime's own."""
+
     policy: str = "best_effort"
     threshold: int = 256  # tokens; prefetches smaller than this are not issued
     timeout_base: float = 2.0
@@ -34,7 +34,7 @@ class PrefetchConfig:
     pass_prefix_keys: bool = False
 
     def timeout_for(self, num_tokens: int) -> float:
-        """SGLang's newer PrefetchTimeoutConfig: min(max, base + per_ki_token * tokens / 1024)."""
+        """SGLang's base + per_ki_token * tokens / 1024, capped at ``timeout_max``."""
         return min(self.timeout_max, self.timeout_base + self.timeout_per_ki_token * num_tokens / 1024)
 
     @classmethod

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from cache_runtime import cpu_kernels
 from cache_runtime.args import ServerArgs, parse_extra_config
 from cache_runtime.hicache import HiCache, Prefix
 from cache_runtime.memory import DevicePool, HostPool, host_pool_tokens
@@ -54,8 +55,10 @@ class Output:
 
 class Request:
     def __init__(self, input_ids: list[int], params: SamplingParams, emit: Callable[[Output], None],
-                 rid: str | None = None, extra_key: str | None = None, cache_salt: str | None = None) -> None:
+                 rid: str | None = None, extra_key: str | None = None, cache_salt: str | None = None,
+                 stream: bool = False) -> None:
         self.rid = rid or uuid.uuid4().hex
+        self.stream = stream  # answered as a stream: SGLang's is_streaming metric label
         self.input_ids = input_ids
         self.ns = namespace(extra_key, cache_salt)  # its prefixes are cached apart from other namespaces
         self.params = params
@@ -95,15 +98,33 @@ class Request:
         }
 
 
+# SGLang's scheduler reports gen_throughput every this many decode steps (--decode-log-interval)
+DECODE_LOG_INTERVAL = 40
+
+
 @dataclass
-class EngineStats:
+class StreamTotals:
+    """Finished requests of one kind (streamed or not), counted when they finish, as SGLang's tokenizer does."""
+
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    cached_device: int = 0
+    requests: int = 0
+
+
+@dataclass
+class EngineStats:
+    by_stream: dict[bool, StreamTotals] = field(default_factory=lambda: {False: StreamTotals(), True: StreamTotals()})
+    cached_device: int = 0  # cached prompt tokens of finished requests, by tier
     cached_host: int = 0
     cached_storage: int = 0
-    requests_finished: int = 0
     requests_failed: int = 0
+    # SGLang's per-report gauges: the hit rate of the last batch of admitted requests, and the
+    # tokens per second decoded over the last DECODE_LOG_INTERVAL decode steps
+    cache_hit_rate: float = 0.0
+    gen_throughput: float = 0.0
+    gen_throughput_at: float = field(default_factory=time.monotonic)  # when gen_throughput was last reported
+    decode_steps: int = 0
+    decoded_tokens: int = 0  # since the last report
 
 
 def _pick_device(name: str, rank: int = 0) -> torch.device:
@@ -187,6 +208,8 @@ class Engine:
         loaded = load_model(args.model_path, self.dtype, self.device, self.context_length,
                             shard=self.tp.shard() if self.tp else None)
         self.model = loaded.model
+        if self.device.type == "cpu":
+            cpu_kernels.calibrate(self.model.layer_matrices())
         self.tokenizer = loaded.tokenizer
         self.generation = loaded.generation
         hosts: list[HostPool] = []
@@ -201,7 +224,8 @@ class Engine:
                              args.hicache_io_backend, self._wake.set, enabled=not args.disable_radix_cache,
                              tp=self.tp)
         self.stats = EngineStats()
-        self.on_first_token: Callable[[float], None] | None = None  # metrics hooks, called on the engine thread
+        # metrics hooks, called on the engine thread: (request, seconds since arrival), (request)
+        self.on_first_token: Callable[[Request, float], None] | None = None
         self.on_finish: Callable[[Request], None] | None = None
         self._inbox: collections.deque[Request] = collections.deque()
         # Requests, not rids: a client-chosen rid need not be unique, and one client's disconnect
@@ -283,7 +307,7 @@ class Engine:
         return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=a.tp_size, pp_rank=0, pp_size=a.pp_size,
                                     is_mla_model=self.model_cfg.is_mla,
                                     is_page_first_layout=a.hicache_mem_layout != "layer_first",
-                                    model_name=a.served_model_name or a.model_path, extra_config=backend_extra)
+                                    model_name=a.served_name, extra_config=backend_extra)
 
     # ------------------------------------------------------------------ API for the server (any thread)
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
@@ -328,7 +352,13 @@ class Engine:
         return len(self.waiting) + len(self._inbox)
 
     def is_idle(self) -> bool:
+        """No request queued or running (what attach and detach wait for)."""
         return not self.running and not self.waiting and not self._inbox
+
+    def is_fully_idle(self) -> bool:
+        """Idle, with no L1<->L2 copy, L3 prefetch or L3 backup in flight: SGLang's is_fully_idle, which
+        /flush_cache waits for, so a flush never drops pages still on their way to L2 or L3."""
+        return self.is_idle() and self.cache.busy_ops() == 0
 
     # ------------------------------------------------------------------ engine thread
     def _loop(self) -> None:
@@ -380,6 +410,7 @@ class Engine:
         return input_ids[: self.cache.aligned(len(input_ids) - 1)]
 
     def _admit(self) -> None:
+        hit = total = 0
         i = 0
         while i < len(self.waiting):
             req = self.waiting[i]
@@ -404,6 +435,9 @@ class Engine:
                     req.prefetch_op = self.cache.maybe_prefetch(self._cache_key(req.input_ids), req.ns)
                 break
             del self.waiting[i]
+            hit, total = hit + req.prefix.length, total + len(req.input_ids)
+        if total:  # SGLang reports the hit rate of each prefill batch
+            self.stats.cache_hit_rate = hit / total
 
     def _start(self, req: Request) -> bool:
         prefix = self.cache.acquire_prefix(self._cache_key(req.input_ids), req.ns)
@@ -415,11 +449,6 @@ class Engine:
         req.prefix = prefix
         req.slots = torch.cat([prefix.slots, own])
         req.kv_len = prefix.length
-        details = req.cached_details()
-        self.stats.prompt_tokens += len(req.input_ids)
-        self.stats.cached_device += details["device"]
-        self.stats.cached_host += details["host"]
-        self.stats.cached_storage += details["storage"]
         self.running.append(req)
         return True
 
@@ -464,6 +493,7 @@ class Engine:
             self.tp.send(forward_command(batch))
             self.tp.flush()
         logits = self.model(batch, self.device_pool.k, self.device_pool.v)
+        self._count_decode(sum(1 for r, _ in stepped if r.kv_len >= len(r.input_ids)))
         row = 0
         for (req, n), seq in zip(stepped, seqs):
             req.kv_len += n
@@ -473,6 +503,18 @@ class Engine:
             self._after_token(req, logits[row])
             row += 1
         return True
+
+    def _count_decode(self, decoded: int) -> None:
+        """SGLang's gen_throughput: tokens decoded per second, reported every DECODE_LOG_INTERVAL decode steps."""
+        if not decoded:
+            return
+        s = self.stats
+        s.decode_steps += 1
+        s.decoded_tokens += decoded
+        if s.decode_steps % DECODE_LOG_INTERVAL == 0:
+            now = time.monotonic()
+            s.gen_throughput = s.decoded_tokens / max(now - s.gen_throughput_at, 1e-9)
+            s.gen_throughput_at, s.decoded_tokens = now, 0
 
     def _after_token(self, req: Request, logits: torch.Tensor) -> None:
         p = req.params
@@ -484,10 +526,9 @@ class Engine:
         if req.first_token_at is None:
             req.first_token_at = now
             if self.on_first_token is not None:
-                self.on_first_token(now - req.arrival)
+                self.on_first_token(req, now - req.arrival)
         req.output_ids.append(tok)
         req.logprobs.append(logprob)
-        self.stats.generation_tokens += 1
         reason = None
         if tok in p.stop_token_ids or not p.ignore_eos and tok in self.tokenizer.eos_token_ids:
             reason = {"type": "stop", "matched": tok}
@@ -519,22 +560,27 @@ class Engine:
 
     def _emit_final(self, req: Request, reason: dict | None, error: str | None = None) -> None:
         req.finished = True
+        s = self.stats
         if error is None:
-            self.stats.requests_finished += 1
+            totals = s.by_stream[req.stream]
+            totals.prompt_tokens += len(req.input_ids)
+            totals.generation_tokens += len(req.output_ids)
+            totals.requests += 1
+            details = req.cached_details()
+            s.cached_device += details["device"]
+            s.cached_host += details["host"]
+            s.cached_storage += details["storage"]
         else:
-            self.stats.requests_failed += 1
+            s.requests_failed += 1
         if self.on_finish is not None:
             self.on_finish(req)
         req.emit(Output(list(req.output_ids), True, req.meta(), reason, list(req.logprobs), error))
 
     # ------------------------------------------------------------------ admin (engine thread only)
     def flush(self) -> bool:
-        """SGLang's /flush_cache: drops L1 and L2 (never L3); refused unless idle."""
-        if not self.is_idle():
+        """SGLang's /flush_cache: drops L1 and L2 (never L3); refused unless fully idle."""
+        self.cache.poll()  # copies that finished since the last step no longer count as in flight
+        if not self.is_fully_idle():
             return False
-        if self.cache.transfer is not None and not self.cache.wait_transfers(timeout=30):
-            return False
-        self.cache.cancel_storage_backups()
-        self.cache.poll()
         self.cache.reset()
         return True

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -112,10 +114,12 @@ class Server:
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
         self.engine = Engine(args)
+        self.model_name = args.served_name
         self.metrics = Metrics(self.engine)
-        self.engine.on_first_token = self.metrics.ttft.observe
-        self.engine.on_finish = lambda req: self.metrics.e2e.observe(time.monotonic() - req.arrival)
-        self.model_name = args.served_model_name or args.model_path
+        self.engine.on_first_token = self.metrics.first_token
+        self.engine.on_finish = self.metrics.finished
+        self.hf_config = _hf_config(args.model_path)
+        self._flush_pending = False  # a /flush_cache?timeout= is waiting for the engine to go idle
         self.app = self._build_app()
 
     # ------------------------------------------------------------------ plumbing
@@ -139,12 +143,13 @@ class Server:
         return validate(model, parse_json(await self._body(request)))
 
     def _submit(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
-                cache_keys: tuple[str | None, str | None] = (None, None)) -> tuple[EngineRequest, asyncio.Queue]:
+                cache_keys: tuple[str | None, str | None] = (None, None),
+                stream: bool = False) -> tuple[EngineRequest, asyncio.Queue]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         extra_key, cache_salt = cache_keys
         req = EngineRequest(input_ids, params, lambda out: loop.call_soon_threadsafe(q.put_nowait, out), rid,
-                            extra_key=extra_key, cache_salt=cache_salt)
+                            extra_key=extra_key, cache_salt=cache_salt, stream=stream)
         self.engine.submit(req)
         return req, q
 
@@ -209,7 +214,7 @@ class Server:
 
     # ------------------------------------------------------------------ inference
     def _submit_all(self, prompts: list[list[int]], params: SamplingParams, cache_keys: list[tuple],
-                    rid: str | None = None) -> list[tuple[EngineRequest, asyncio.Queue]]:
+                    rid: str | None = None, stream: bool = False) -> list[tuple[EngineRequest, asyncio.Queue]]:
         """Validates every prompt before submitting any, so a bad one in a batch leaves none running.
         ``cache_keys``: each prompt's (extra_key, cache_salt)."""
         try:
@@ -217,7 +222,8 @@ class Server:
                 self.engine.validate(ids, params)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        return [self._submit(ids, params, rid, cache_keys=keys) for ids, keys in zip(prompts, cache_keys)]
+        return [self._submit(ids, params, rid, cache_keys=keys, stream=stream)
+                for ids, keys in zip(prompts, cache_keys)]
 
     def _room(self, prompt_tokens: int) -> int:
         """The default output budget of a chat request: what the context and the KV pool leave."""
@@ -251,7 +257,7 @@ class Server:
             sp = body.sampling_params
             params = sp.to_params(self.engine.generation)
             cache_keys = body.cache_keys(len(ids) if batch else None)
-            submitted = self._submit_all(ids, params, cache_keys, body.rid if not batch else None)
+            submitted = self._submit_all(ids, params, cache_keys, body.rid if not batch else None, stream=body.stream)
             if body.stream:
                 text = self._text_stream(params, sp.skip_special_tokens)
 
@@ -288,7 +294,8 @@ class Server:
                 raise BadRequest("streaming a batch of prompts is not supported")
             params = body.to_params(self.engine.generation)
             batch = bool(prompt) and isinstance(prompt, list) and isinstance(prompt[0], (str, list))
-            submitted = self._submit_all(prompts, params, body.cache_keys(len(prompts) if batch else None))
+            submitted = self._submit_all(prompts, params, body.cache_keys(len(prompts) if batch else None),
+                                         stream=body.stream)
             cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
             def head(obj: str) -> dict:
@@ -337,7 +344,7 @@ class Server:
             max_tokens = body.requested_max_tokens()
             params = body.sampling(self.engine.generation, self._room(len(ids)) if max_tokens is None else max_tokens,
                                    body.seed)
-            [(req, q)] = self._submit_all([ids], params, body.cache_keys(None))
+            [(req, q)] = self._submit_all([ids], params, body.cache_keys(None), stream=body.stream)
             cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
             if body.stream:
@@ -442,9 +449,7 @@ class Server:
         async def model_info(request: Request):
             if (denied := self._auth(request, Level.NORMAL)) is not None:
                 return denied
-            path = self.args.model_path
-            return {"model_path": path, "tokenizer_path": None if path in BUILTIN_CONFIGS else path,
-                    "is_generation": True}
+            return self._model_info()
 
         app.get("/get_model_info")(model_info)
         app.get("/model_info")(model_info)
@@ -456,6 +461,29 @@ class Server:
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                 "owned_by": "cache_runtime", "root": self.args.model_path,
                                                 "max_model_len": self.engine.context_length}]}
+
+    def _model_info(self) -> dict:
+        """SGLang's /model_info keys, each with what this runtime runs: a text-only generation model
+        loaded from its checkpoint (random weights for a builtin: SGLang's ``dummy`` load format), no
+        parsers, no disaggregation, no weight updates."""
+        path = self.args.model_path
+        builtin = path in BUILTIN_CONFIGS
+        return {
+            "model_path": path,
+            "served_model_name": self.model_name,
+            "tokenizer_path": None if builtin else path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": "dummy" if builtin else "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": self.hf_config.get("model_type"),
+            "architectures": self.hf_config.get("architectures"),
+        }
 
     def _server_info(self) -> dict:
         e, cache = self.engine, self.engine.cache
@@ -471,8 +499,12 @@ class Server:
             "storage_backend": cache.storage_backend_name,
             "storage_degraded": (storage.degraded if storage else None) or e.storage_status_reason,
         }
+        # SGLang's /server_info carries its resolved arguments, both keys in clear: in SGLang mode so
+        # does this one, so that what reaches a client through a fleet's front door is what would
+        # reach it from real SGLang pods
+        args = dataclasses.asdict(self.args) if self.args.compat_mode == "sglang" else self.args.public_dict()
         return {
-            **self.args.public_dict(),
+            **args,
             "version": __version__,
             "engine": "bundled",
             "max_total_num_tokens": e.device_pool.size,
@@ -490,21 +522,25 @@ class Server:
         async def flush_cache(request: Request):
             if (denied := self._auth(request, Level.ADMIN_OPTIONAL)) is not None:
                 return denied
-            raw = request.query_params.get("timeout", "0")
-            try:
-                timeout = float(raw)
-            except ValueError:
-                raise BadRequest(f"timeout must be a number of seconds, got {raw!r}") from None
-            deadline = time.monotonic() + max(0.0, min(timeout, 300.0))
-            while not self.engine.is_idle() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            ok = await asyncio.wrap_future(self.engine.call(self.engine.flush))
+            timeout = _flush_timeout(request.query_params.get("timeout", "0"))
+            if self._flush_pending:
+                return PlainTextResponse("Another flush_cache is already in progress.", status_code=400)
+            ok = await self._flush()
+            if not ok and timeout > 0:  # SGLang defers the flush until the engine is fully idle
+                self._flush_pending = True
+                try:
+                    deadline = time.monotonic() + timeout
+                    while not ok and time.monotonic() < deadline:
+                        await asyncio.sleep(0.05)
+                        ok = await self._flush()
+                finally:
+                    self._flush_pending = False
+                if not ok:
+                    return PlainTextResponse("Timed out waiting for idle state.", status_code=400)
             if ok:
                 return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. "
                                          "(When there are running or waiting requests, the operation will not be performed.)\n")
-            return PlainTextResponse(
-                f"Cache not flushed: scheduler is not idle. #queue-req={self.engine.num_queued} "
-                f"#running-req={self.engine.num_running}\n", status_code=400)
+            return PlainTextResponse("Flush cache failed.\n", status_code=400)
 
         app.get("/flush_cache")(flush_cache)
         app.post("/flush_cache")(flush_cache)
@@ -557,7 +593,7 @@ class Server:
             return out
 
         async def clear(request: Request):
-            if (denied := self._auth(request, Level.ADMIN_REQUIRED)) is not None:
+            if (denied := self._auth(request, Level.ADMIN_OPTIONAL)) is not None:
                 return denied
             storage = self.engine.cache.storage
             if storage is None:
@@ -573,6 +609,9 @@ class Server:
         app.post("/hicache/storage-backend/clear")(clear)
         app.get("/clear_hicache_storage_backend")(clear)  # deprecated SGLang alias
         app.post("/clear_hicache_storage_backend")(clear)
+
+    async def _flush(self) -> bool:
+        return await asyncio.wrap_future(self.engine.call(self.engine.flush))
 
     def _not_idle(self, what: str) -> str:
         return (f"Reject {what}: scheduler is not idle. #queue-req={self.engine.num_queued} "
@@ -624,6 +663,29 @@ class Server:
 
 class _TooLarge(Exception):
     pass
+
+
+def _flush_timeout(raw: str) -> float:
+    """``/flush_cache?timeout=``: seconds to wait for the engine to go fully idle (SGLang: a float >= 0)."""
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = float("nan")
+    if not timeout >= 0:
+        raise BadRequest(f"timeout must be a number of seconds >= 0, got {raw!r}")
+    return timeout
+
+
+def _hf_config(model_path: str) -> dict:
+    """The checkpoint's config.json (a builtin's own config), for /model_info's model_type and architectures."""
+    if model_path in BUILTIN_CONFIGS:
+        return BUILTIN_CONFIGS[model_path]
+    try:
+        with open(os.path.join(model_path, "config.json"), "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 # How long an idle client connection stays open. Clients and gateways must close idle

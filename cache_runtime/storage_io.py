@@ -2,7 +2,7 @@
 
 Both threads touch the host pool only while holding their op's lock and only if the engine has
 not cancelled/terminated the op, so the engine can always take an op back instantly (prefetch
-budget expired, detach, flush) even while the backend call itself is still hanging. Any backend
+budget expired, detach) even while the backend call itself is still hanging. Any backend
 failure marks the worker degraded: the engine then runs on L1+L2 until a probe succeeds.
 """
 

@@ -34,6 +34,7 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
+from cache_runtime import cpu_kernels
 from cache_runtime.args import ServerArgs
 from cache_runtime.memory import DevicePool, HostPool
 from cache_runtime.models import load_model
@@ -185,6 +186,8 @@ def follower_main(rank: int, world: int, port: int, args_dict: dict, host_tokens
         torch.cuda.set_device(device)
     _init(rank, world, port, device)
     loaded = load_model(args.model_path, setup.dtype, device, setup.context_length, shard=Shard(rank, world))
+    if device.type == "cpu":
+        cpu_kernels.calibrate(loaded.model.layer_matrices())
     cfg = loaded.cfg
     heads, width = cfg.kv_row(world)
     dev = DevicePool(args.max_total_tokens, args.page_size, cfg.num_layers, heads, width, setup.kv_dtype, device,

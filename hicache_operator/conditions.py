@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Collection, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 Status = Literal["True", "False", "Unknown"]
@@ -25,12 +25,12 @@ class Condition(BaseModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
-    type: str
-    status: Status
-    reason: str
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
+    type: str = Field(description="The condition's type, e.g. Ready, Progressing, Degraded.")
+    status: Status = Field(description="True, False or Unknown.")
+    reason: str = Field(description="Why, in one CamelCase word (docs/operations.md lists each type's reasons).")
+    message: str = Field("", description="What is wrong or going on, naming the pods or fields to look at.")
+    last_transition_time: str | None = Field(None, description="When the status last flipped (RFC 3339).")
+    observed_generation: int | None = Field(None, description="The metadata.generation it was set for.")
 
     def brief(self) -> dict[str, Any]:
         """{type, status, reason, message}: what decides it, without when it was set."""

@@ -18,6 +18,11 @@ deployment's key at a time (``workqueue``):
 - Loops: a resync of every deployment (applies children, steps swaps, repairs drift nobody
   reported), a swap poll of deployments with a swap in flight that no step has visited within
   ``SWAP_POLL`` (a drain finishes without any Kubernetes event), and the endpoint-lag check.
+- Runtimes' L3 health: a step reads every pod's runtime (``GET /hicache/storage-backend``) on
+  resync, on master events, and on resume of a degraded deployment; while a pod reports its L3
+  store unavailable (status ``Degraded=StorageUnavailable``) the deployment is stepped again
+  every ``STORAGE_POLL``, so the condition clears within that once the pods recover (no
+  Kubernetes event announces it).
 
 ``process`` is one reconcile plus one swap step of one deployment; its status is written before
 the key is released, so no step plans from a stale status.
@@ -51,6 +56,8 @@ from hicache_operator.workqueue import Request, WorkQueue
 PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
 INTERVAL = float(os.environ.get("HICACHE_RECONCILE_INTERVAL", "30"))
 SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "1"))
+STORAGE_POLL = 5.0  # while a pod reports L3 unavailable: how soon its runtime is read again
+READ_TRIGGERS = ("resync", "master", "storage")  # triggers that step (read every runtime) regardless
 WORKERS_ENV = "HICACHE_WORKERS"
 WORKERS = int(os.environ.get(WORKERS_ENV, "16"))
 LAG_CHECK_SECONDS = 0.05  # see rollout.endpoint_lag
@@ -75,6 +82,7 @@ class Controller:
         self.known: dict[Key, float] = {}  # deployment -> when its next resync is due (monotonic)
         self._known_guard = threading.Lock()
         self.swapping: set[Key] = set()  # deployments whose last status has a swap in flight
+        self.l3_unavailable: set[Key] = set()  # deployments with a pod whose runtime last reported L3 unavailable
         self.stepping: set[Key] = set()  # deployments in a swap step whose status is not yet written
         self.failing: dict[Key, int] = {}  # deployment -> the generation whose reconcile last failed
         self.stop = threading.Event()
@@ -137,6 +145,7 @@ class Controller:
         metrics.forget(*key)
         self.swapper.forget(key)
         self.swapping.discard(key)
+        self.l3_unavailable.discard(key)
         self.queue.forget(key)
         if self._kube is not None:
             self._kube.forget(*key)
@@ -253,10 +262,14 @@ class Controller:
     def swap_poll(self) -> None:
         """A step at least every SWAP_POLL while a swap is in flight, counted from the key's last
         step: a poll right after a step the watches started would only hold the deployment when
-        the next event comes."""
+        the next event comes. Likewise every STORAGE_POLL while a pod reports L3 unavailable:
+        its recovery shows only in its runtime."""
         for key in list(self.swapping):
             if self.queue.quiet_for(key) >= SWAP_POLL:
                 self.enqueue(key, Request("swap", urgent=True))
+        for key in list(self.l3_unavailable):
+            if self.queue.quiet_for(key) >= STORAGE_POLL:
+                self.enqueue(key, Request("storage"))
 
     def _endpoint_lag_loop(self) -> None:
         while not self.stop.wait(LAG_CHECK_SECONDS):
@@ -288,7 +301,7 @@ class Controller:
             def swap_step(p: Plan, pods: list[dict], restart_hash: str | None) -> act.StepResult | None:
                 spec = p.outcome.spec
                 if p.outcome.ok and spec is not None and (pods or due.pending(previous)) and (
-                        request.trigger == "resync" or
+                        request.trigger in READ_TRIGGERS or request.trigger == "resume" and degraded(previous) or
                         due.needed(previous, spec, pods, restart_hash, self.swapper.routes.get(key))):
                     self.stepping.add(key)  # until its status is written (see slice_event)
                     return self._swap_step(raw, spec, pods, restart_hash, why)
@@ -325,8 +338,9 @@ class Controller:
         step: act.StepResult | None = result.alongside
         try:  # the swap step's last gate patches go out while the status is written
             requeue = self._swap_events(result, step) if step is not None else None
+            l3_down = self.swapper.views.l3_unavailable(key, result.pods)
             result.status = status = result.status.rederive(
-                spec_replicas=spec_replicas(raw), swap=None if step is None else SwapView(
+                spec_replicas=spec_replicas(raw), l3_unavailable=l3_down, swap=None if step is None else SwapView(
                     step.backend_swap, tuple(c.brief() for c in step.conditions)))
             write = (lambda: self.write_status(key, status)) if status != previous else (lambda: True)
             if result.workload is None:
@@ -374,6 +388,7 @@ class Controller:
         metrics.record_swap_progress(*key, status.get("swapProgress"))
         if requeue is not None and requeue < SWAP_POLL:  # the swap poll covers the rest
             self.queue.add_after(key, Request("swap", urgent=True), requeue)
+        (self.l3_unavailable.add if l3_down else self.l3_unavailable.discard)(key)  # see swap_poll
         return True
 
     def write_status(self, key: Key, status: dict) -> bool:
@@ -394,8 +409,8 @@ class Controller:
         key = (meta["namespace"], meta["name"])
         secret, field = render.secret_ref(spec, meta["name"], "admin")
         api_key = None
-        if spec.router_on and render.uses_api_key(spec):  # workers added to the router carry it
-            api_secret, api_field = render.secret_ref(spec, meta["name"], "api")
+        if spec.router_on and render.uses_api_key(spec):  # the router's own and its workers' key
+            api_secret, api_field = render.secret_ref(spec, meta["name"], "internal")
             api_key = self.kube.secret_key(meta["namespace"], api_secret, api_field)
         return self.swapper.step(self.kube.api, raw, spec, pods,
                                  endpoints=lambda: self.informers.serving_endpoints(key),
@@ -422,6 +437,12 @@ class Controller:
         if new.get("status") == "True" and (old.get("status") != "True" or old.get("reason") != new.get("reason")) \
                 and new.get("reason") not in posted:
             kopf.event(body, type="Warning", reason=new["reason"], message=new.get("message", ""))
+
+
+def degraded(status: dict) -> bool:
+    """The status says Degraded=True: a restarted operator reads the runtimes at once, since
+    what they last reported (L3 unavailable) is known only from them."""
+    return any(c.get("type") == "Degraded" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 def spec_replicas(raw: dict) -> int | None:

@@ -3,8 +3,10 @@
 Pydantic emits JSON Schema 2020-12; the API server wants a structural OpenAPI v3.0 schema. The
 conversion inlines ``$ref``s, turns ``X | None`` into an optional X, ``int | str`` into
 int-or-string, free-form dicts into preserve-unknown-fields objects, and numeric exclusive bounds
-into the v3.0 boolean form. ``python -m hicache_operator.crdgen --check`` fails when the committed
-file drifts from the models.
+into the v3.0 boolean form. Every object and field carries a description (what ``kubectl explain``
+shows): a field's Field description, else its model's docstring. ``PRINTER_COLUMNS`` are what
+``kubectl get hcd`` shows, priority 1 only with ``-o wide``. ``python -m hicache_operator.crdgen
+--check`` fails when the committed file drifts from the models.
 """
 
 from __future__ import annotations
@@ -25,11 +27,17 @@ CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / "hicache.dev_hicach
 
 _DROP = {"title", "additionalProperties", "$defs"}
 
+
+def _condition(ctype: str, key: str) -> str:
+    """JSONPath of one key of the condition of type ``ctype``."""
+    return f'.status.conditions[?(@.type=="{ctype}")].{key}'
+
+
 PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Ready pods / spec.replicas"},
     {"name": "Router", "type": "string", "jsonPath": ".status.routerReady",
      "description": "Ready router pods / spec.router.replicas (empty without the router)"},
-    {"name": "Engine", "type": "string", "jsonPath": ".spec.engine"},
+    {"name": "Engine", "type": "string", "jsonPath": ".spec.engine", "description": "spec.engine: bundled or sglang"},
     {"name": "Backend", "type": "string", "jsonPath": ".status.currentBackend",
      "description": "L3 backend the running pods run: the target once all do (empty while no pod runs)"},
     {"name": "Target", "type": "string", "jsonPath": ".status.targetBackend",
@@ -38,7 +46,17 @@ PRINTER_COLUMNS = [
      "description": "Running pods on the target storage config / spec.replicas"},
     {"name": "Host-Pool", "type": "string", "jsonPath": ".status.hostPool",
      "description": "Host (L2) pool per rank"},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp",
+     "description": "Time since the HiCacheDeployment was created"},
+    # priority 1: only with `kubectl get -o wide`, after AGE as for the built-in kinds
+    {"name": "ConfigValid", "type": "string", "priority": 1, "jsonPath": _condition("ConfigValid", "status"),
+     "description": "Whether the spec passed validation (False: the ConfigValid condition says what to change)"},
+    {"name": "Progressing", "type": "string", "priority": 1, "jsonPath": _condition("Progressing", "reason"),
+     "description": "What the pods are converging to (Reconciled when nothing is)"},
+    {"name": "Degraded", "type": "string", "priority": 1, "jsonPath": _condition("Degraded", "status"),
+     "description": "Whether something needs a look (the Degraded condition says what)"},
+    {"name": "Model", "type": "string", "priority": 1, "jsonPath": ".spec.model", "description": "spec.model"},
+    {"name": "Image", "type": "string", "priority": 1, "jsonPath": ".spec.image", "description": "spec.image"},
 ]
 
 
@@ -90,6 +108,8 @@ def _scalars(node: dict[str, Any]) -> dict[str, Any]:
             value = True
         if key == "const":
             key, value = "enum", [value]
+        if key == "description":
+            value = " ".join(value.split())  # a docstring's line breaks; kubectl explain wraps by itself
         out[key] = value
     if "required" in out and not out["required"]:
         del out["required"]
@@ -109,8 +129,9 @@ def build_crd() -> dict[str, Any]:
         "description": "A fleet of GPU pods serving a model with a hierarchical KV cache (GPU / host DRAM / L3).",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
+            "apiVersion": {"type": "string", "description": f"API version of this object: {s.GROUP}/{s.VERSION}."},
+            "kind": {"type": "string", "description": f"Kind of this object: {s.KIND}."},
+            # the API server refuses anything under metadata (kubectl explain shows ObjectMeta's own text)
             "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": status_schema,

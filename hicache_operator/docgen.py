@@ -20,6 +20,11 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 SAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "samples" / "invalid"
 
 
+def _cell(text: str) -> str:
+    """Text as one Markdown table cell."""
+    return text.replace("\n", " ").replace("|", "\\|")
+
+
 def _type(node: dict[str, Any]) -> str:
     if node.get("x-kubernetes-int-or-string"):
         return "int or string"
@@ -42,7 +47,7 @@ def _rows(node: dict[str, Any], path: str, out: list[str]) -> None:
         for key, word in (("minimum", "min"), ("maximum", "max"), ("maxLength", "max length")):
             if key in child:
                 bits.append(f"{word} {child[key]}")
-        desc = (child.get("description") or "").replace("\n", " ").replace("|", "\\|")
+        desc = _cell(child.get("description") or "")
         out.append(f"| `{p}` | {_type(child)} | {desc} | {'; '.join(bits)} |")
         if child.get("type") == "object":
             _rows(child, p, out)
@@ -61,8 +66,11 @@ def crd_reference() -> str:
         lines += [f"## {section}", "", "| field | type | description | constraints |", "|---|---|---|---|"]
         _rows(schema["properties"][section], "", lines)
         lines.append("")
-    lines += ["## Printer columns (`kubectl get hcd`)", "", "| column | from |", "|---|---|"]
-    lines += [f"| {c['name'].upper()} | `{c['jsonPath']}` |" for c in version["additionalPrinterColumns"]]
+    lines += ["## Printer columns (`kubectl get hcd`)", "",
+              "Columns marked wide show only with `kubectl get hcd -o wide`.", "",
+              "| column | from | description |", "|---|---|---|"]
+    lines += [f"| {c['name'].upper()}{' (wide)' if c.get('priority') else ''} | `{c['jsonPath']}` | "
+              f"{_cell(c['description'])} |" for c in version["additionalPrinterColumns"]]
     return "\n".join(lines) + "\n"
 
 
@@ -77,8 +85,7 @@ def rules_page() -> str:
         where = "CEL + operator" if r.cel else "operator"
         sample = SAMPLES / f"{r.name}.yaml"
         example = f"[{sample.name}](../manifests/samples/invalid/{sample.name})" if sample.exists() else ""
-        msg = r.message.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| `{r.name}` | {r.severity} | {where} | {msg} | {example} |")
+        lines.append(f"| `{r.name}` | {r.severity} | {where} | {_cell(r.message)} | {example} |")
     return "\n".join(lines) + "\n"
 
 

@@ -66,6 +66,12 @@ _FEATURES = (
     # Up to 0.5.18 (0.5.9 memory_pool_host.py:172-183): psutil available - 10 GiB per pool.
     Feature("host_pool_headroom_check", "0.5.21",
             "the host pool refuses more than (cgroup limit - usage - 10 GiB) / ranks on the host"),
+    # 0.5.22 and 0.5.23 mem_cache/host_memory.py:93-123: usage less the cgroup's file LRU
+    # (memory.stat active_file + inactive_file) unless a descendant sets memory.min. 0.5.21
+    # host_memory.py:80-82, :93-94: memory.current as is ("charged file cache is not assumed
+    # reclaimable"), so the checkpoint the ranks just read counts against the host pools.
+    Feature("host_headroom_page_cache_free", "0.5.22",
+            "the host headroom check counts the cgroup's page cache as free (0.5.21 counts it as used)"),
     # /server_info and /get_server_info carry no auth_level (NORMAL: open unless --api-key is set,
     # utils/auth.py:143 in 0.5.9, :148 in 0.5.23) and return every server arg, admin_api_key included:
     # 0.5.8 entrypoints/http_server.py:571, :581, :594 (dataclasses.asdict); 0.5.23

@@ -25,6 +25,7 @@ PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 MOONCAKE_PROTOCOLS = ("tcp", "rdma")
 
 RUNTIME_PORT = 30000
+ROUTER_API_PORT = 30001  # sglang-router behind its client gate (which takes RUNTIME_PORT): the operator's alone
 STORAGE_CONFIG_DIR = "/etc/hicache/storage"
 STORAGE_CONFIG_FILE = "extra_config.json"
 ADMIN_KEY_ENV = "HICACHE_ADMIN_API_KEY"

@@ -46,6 +46,13 @@ def event_reason(rule_name: str) -> str:
     return "".join(part.capitalize() for part in re.split(r"[-_]", rule_name))
 
 
+def _effective_hicache(spec) -> dict[str, Any]:
+    """spec.hicache as the pods get it: the storage extraConfig with its page namespace applied."""
+    hicache = spec.model_dump(by_alias=True, mode="json", exclude_none=True)["hicache"]
+    hicache["storage"]["extraConfig"] = render.effective_extra_config(spec)
+    return hicache
+
+
 def plan(body: dict[str, Any], nodes: list[dict] | None, *, process_backed: bool = False) -> Plan:
     meta = body.get("metadata") or {}
     owner = render.Owner(meta.get("name", ""), meta.get("namespace", "default"), meta.get("uid", ""))
@@ -65,7 +72,7 @@ def plan(body: dict[str, Any], nodes: list[dict] | None, *, process_backed: bool
         return Plan(outcome, owner)
     effective = EffectiveConfig(
         engine=spec.engine, model=spec.model,
-        hicache=spec.model_dump(by_alias=True, mode="json", exclude_none=True)["hicache"],
+        hicache=_effective_hicache(spec),
         command=children[-1]["spec"]["template"]["spec"]["containers"][0]["command"],
         args=render.args(spec, sized),
         restart_hash=render.restart_hash(spec, sized, owner, process_backed=process_backed),
@@ -102,6 +109,20 @@ FIRST = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding")  # what pods read
 WORKLOADS = ("Deployment", "StatefulSet")  # what starts pods
 
 
+def first_calls(kube: Kube, children: list[dict[str, Any]]) -> list[Callable[[], Any]]:
+    """The applies of ``FIRST``, each an independent call but a RoleBinding, which runs after the
+    Role in the same call: the API server checks a binding against the rules of the Role it
+    references (the operator may grant only what it holds itself), and refuses one whose Role does
+    not exist yet with 404."""
+    ordered = ("Role", "RoleBinding")
+    rbac = sorted((c for c in children if c["kind"] in ordered), key=lambda c: ordered.index(c["kind"]))
+    calls: list[Callable[[], Any]] = [lambda child=child: kube.apply(child) for child in children
+                                      if child["kind"] in FIRST and child["kind"] not in ordered]
+    if rbac:
+        calls.append(lambda: [kube.apply(child) for child in rbac])
+    return calls
+
+
 def start_children(kube: Kube, p: Plan, new_key: Callable[[], str], *,
                    hold_workload: bool = False) -> tuple[list[str], Callable[[], None]]:
     """Apply what the pods read or need at start (the ConfigMap, the key Secrets, the router's
@@ -114,7 +135,7 @@ def start_children(kube: Kube, p: Plan, new_key: Callable[[], str], *,
     server took ~10x any other apply; nothing waits for it now but the end of the reconcile."""
     *others, sts = p.children
     assert sts["kind"] == "StatefulSet", "render.children puts the workload last"
-    first = [lambda child=child: kube.apply(child) for child in others if child["kind"] in FIRST]
+    first = first_calls(kube, others)
     beside = [kube.submit(lambda child=child: kube.apply(child)) for child in others
               if child["kind"] not in FIRST + WORKLOADS]
     created: list[str] = []
@@ -246,8 +267,10 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     if early is not None:
         beside = early.result()
     elif alongside is not None:
+        # Pods about to restart take no step until the StatefulSet carries their new template: a
+        # live swap would move a pod of the old page format into the new format's L3 namespace.
         live = no_restarts or kube.template_hash(ns, name) == p.desired.restart_hash
-        beside = alongside(p, pods, p.desired.restart_hash if live else None)
+        beside = alongside(p, pods, p.desired.restart_hash) if live else None
     else:
         beside = None
     return Result(status, p, events, pods, beside, workload)

@@ -16,7 +16,8 @@ same inputs always give byte-identical objects (and hashes). Children:
   list and watch pods in the namespace, nothing else.
 - Headless Service ``<name>-pods`` (stable pod DNS, not-ready addresses published),
   ConfigMap ``<name>-storage`` (extra config JSON), ConfigMap ``<name>-model`` (the download
-  script, with modelSource.huggingFace), Secret ``<name>-admin`` (generated admin key;
+  script, with modelSource.huggingFace; the extra config JSON carries the page namespace,
+  ``effective_extra_config``), Secret ``<name>-admin`` (generated admin key;
   rendered only when it must be created), PodDisruptionBudget ``<name>``.
 - With ``hicache.storage.mooncake.managed``: Deployment and Service ``<name>-mooncake`` running
   ``mooncake_master``; the pods' MOONCAKE_MASTER is that Service (or, with ``ha``, ``etcd://``).
@@ -32,7 +33,8 @@ from typing import Any, Callable
 
 from hicache_operator import engine, flags, labels, model_source, overlay
 from hicache_operator.rollout import gate
-from hicache_operator.rollout.storage_config import StorageConfig, storage_fingerprint
+from hicache_operator.rollout.storage_config import (StorageConfig, page_namespace as format_namespace,
+                                                     storage_fingerprint, with_page_namespace)
 from hicache_operator.sizing import SizingRecord, memory_quantity
 from hicache_operator.spec import (GROUP, KIND, RUNTIME_CONTAINER, VERSION, HiCacheDeploymentSpec, ManagedMaster,
                                    resolve_max_unavailable)
@@ -45,6 +47,7 @@ RUN_AS = 1000
 SERVING_SERVICE_COMPONENT = "service"  # the serving Service's component label (the operator watches its slices)
 CLIENT_ROUTER_COMPONENT = "client"  # the client Service's while it points at the router
 ROUTER_CONTAINER = "router"
+CLIENT_KEY_ENV = "HICACHE_CLIENT_API_KEY"  # router_gate.py reads the clients' key from it
 ROUTER_METRICS_PORT = 29000
 OPERATOR_VOLUMES = {"storage-config": flags.STORAGE_CONFIG_DIR, "tmp": "/tmp", "dshm": "/dev/shm"}
 MASTER_CONTAINER = "master"
@@ -85,7 +88,8 @@ class Owner:
 
 def names(name: str) -> dict[str, str]:
     return {"statefulset": name, "service": name, "headless": f"{name}-pods", "configmap": f"{name}-storage",
-            "secret": f"{name}-admin", "apiSecret": f"{name}-api", "pdb": name, "router": f"{name}-router",
+            "secret": f"{name}-admin", "apiSecret": f"{name}-api", "internalSecret": f"{name}-internal",
+            "pdb": name, "router": f"{name}-router",
             "serving": f"{name}-serving", "mooncakeMaster": f"{name}-mooncake"}
 
 
@@ -127,11 +131,46 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
+def _extra_arg(spec: HiCacheDeploymentSpec, flag: str) -> str | None:
+    """The value ``spec.extraArgs`` gives ``flag`` (``--flag v`` or ``--flag=v``; the last one wins)."""
+    value = None
+    extra = list(spec.extra_args)
+    for i, arg in enumerate(extra):
+        if arg == flag and i + 1 < len(extra):
+            value = extra[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
+
+
+def kv_dtype(spec: HiCacheDeploymentSpec) -> str:
+    """The KV dtype as the command states it: ``--kv-cache-dtype``, else ``--dtype``, else ``auto``
+    (the checkpoint's, which the model name already pins)."""
+    kv = _extra_arg(spec, "--kv-cache-dtype")
+    if kv and kv != "auto":
+        return kv
+    return _extra_arg(spec, "--dtype") or "auto"
+
+
+def page_namespace(spec: HiCacheDeploymentSpec) -> str:
+    """The L3 namespace of this fleet's page format (``storage_config.page_namespace``)."""
+    par = spec.parallelism
+    return format_namespace(spec.hicache.mem_layout, kv_dtype(spec), spec.page_size, par.tp, par.pp,
+                            par.dp if spec.engine == "sglang" else 1)
+
+
+def effective_extra_config(spec: HiCacheDeploymentSpec) -> dict[str, Any]:
+    """``hicache.storage.extraConfig`` as both engines get it: with the page namespace applied, so pods
+    of another layout, dtype, page size or split never read these pages."""
+    st = spec.hicache.storage
+    return with_page_namespace(st.backend, st.extra_config, page_namespace(spec))
+
+
 def storage_config(spec: HiCacheDeploymentSpec) -> StorageConfig:
     """The live-swappable part of the config: what an attach carries and a swap converges to."""
     st = spec.hicache.storage
-    return StorageConfig(backend=st.backend, prefetch_policy=st.prefetch_policy, extra_config=st.extra_config,
-                         write_policy=spec.hicache.write_policy)
+    return StorageConfig(backend=st.backend, prefetch_policy=st.prefetch_policy,
+                         extra_config=effective_extra_config(spec), write_policy=spec.hicache.write_policy)
 
 
 def storage_hash(spec: HiCacheDeploymentSpec) -> str:
@@ -165,7 +204,10 @@ def uses_api_key(spec: HiCacheDeploymentSpec) -> bool:
 
 
 def secret_ref(spec: HiCacheDeploymentSpec, owner_name: str, which: str) -> tuple[str, str]:
-    """(Secret name, data key) of the admin key (``which`` "admin") or the clients' key ("api")."""
+    """(Secret name, data key) of the admin key (``which`` "admin"), the clients' key ("api") or the
+    fleet's internal key ("internal", always generated)."""
+    if which == "internal":
+        return names(owner_name)["internalSecret"], API_SECRET_KEY
     ref = spec.admin_key_secret_ref if which == "admin" else spec.api_key_secret_ref
     if ref is not None:
         return ref.name, ref.key
@@ -173,9 +215,19 @@ def secret_ref(spec: HiCacheDeploymentSpec, owner_name: str, which: str) -> tupl
         (names(owner_name)["apiSecret"], API_SECRET_KEY)
 
 
+def pods_key(spec: HiCacheDeploymentSpec) -> str:
+    """Which key the pods take as --api-key. Behind the router, the fleet's internal key, which only
+    the router and the operator hold: SGLang gives its admin key (in /server_info) to any holder of
+    its api key, so clients never get the pods' key. Without the router, clients reach the pods
+    directly, with the pods' key: the clients' own (a warning says what that exposes)."""
+    return "internal" if spec.router_on else "api"
+
+
 def args(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, *, include_storage: bool = True) -> list[str]:
     """The engine's arguments: the operator's, then ``spec.extraArgs`` as written (``$(VAR)`` expands)."""
-    return flags.render_args(spec.dump(), spec.engine, host_pool=host_pool_flag(spec, sizing),
+    dumped = spec.dump()
+    dumped["hicache"]["storage"]["extraConfig"] = effective_extra_config(spec)
+    return flags.render_args(dumped, spec.engine, host_pool=host_pool_flag(spec, sizing),
                              include_storage=include_storage, api_key=uses_api_key(spec),
                              legacy_dp_attention=engine.lacks(spec, "attn_dp_size_flag"),
                              model_path=model_source.model_path(spec),
@@ -221,8 +273,7 @@ def operator_env(spec: HiCacheDeploymentSpec, owner: Owner, include_storage: boo
         # the release the flags were rendered for (the local test cluster's SGLang stand-in checks them with it)
         env.append({"name": "HICACHE_ENGINE_VERSION", "value": engine.version(spec)})
     if uses_api_key(spec):
-        api_name, api_key = secret_ref(spec, owner.name, "api")
-        env.append({"name": flags.API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": api_name, "key": api_key}}})
+        env.append(_secret_env(flags.API_KEY_ENV, *secret_ref(spec, owner.name, pods_key(spec))))
     if include_storage:
         env += mooncake_env(spec, owner)
     return env
@@ -424,18 +475,29 @@ def serving_service(owner: Owner) -> dict[str, Any]:
     })
 
 
+def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
 def router_args(spec: HiCacheDeploymentSpec, owner: Owner) -> list[str]:
     """sglang-router's command line: Kubernetes discovery of the pods in serving (the client
-    Service's selector) in the fleet's namespace, at their runtime port."""
+    Service's selector) in the fleet's namespace, at their runtime port; its own port is
+    ``ROUTER_API_PORT``, behind the client gate."""
     selector = {**labels.selector_labels(owner.name), **gate.selector()}
-    args = ["--host", "$(POD_IP)", "--port", str(flags.RUNTIME_PORT), "--policy", spec.router.policy,
+    args = ["--host", "$(POD_IP)", "--port", str(flags.ROUTER_API_PORT), "--policy", spec.router.policy,
             "--service-discovery", "--selector", *(f"{k}={v}" for k, v in selector.items()),
             "--service-discovery-port", str(flags.RUNTIME_PORT), "--service-discovery-namespace", owner.namespace,
             "--prometheus-host", "$(POD_IP)", "--prometheus-port", str(ROUTER_METRICS_PORT),
             "--shutdown-grace-period-secs", str(spec.rollout.drain_timeout_seconds)]
-    if uses_api_key(spec):  # the key the router sends to the pods it discovers
+    if uses_api_key(spec):  # the pods' key: the router gives it to the pods it discovers, and wants it
         args += ["--api-key", f"$({flags.API_KEY_ENV})"]
     return args
+
+
+def gate_args() -> list[str]:
+    """The client gate (hicache_operator/router_gate.py): the clients' port, in front of the router's."""
+    return ["--host", "$(POD_IP)", "--port", str(flags.RUNTIME_PORT),
+            "--upstream", f"http://$(POD_IP):{flags.ROUTER_API_PORT}"]
 
 
 def router_pod_labels(owner: Owner) -> dict[str, str]:
@@ -444,26 +506,29 @@ def router_pod_labels(owner: Owner) -> dict[str, str]:
 
 def router_deployment(spec: HiCacheDeploymentSpec, owner: Owner, *, process_backed: bool = False) -> dict[str, Any]:
     n = names(owner.name)
-    http = {"port": "http"}
     env = [_field_env("POD_IP", "status.podIP")]
     if uses_api_key(spec):
-        api_name, api_key = secret_ref(spec, owner.name, "api")
-        env.append({"name": flags.API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": api_name, "key": api_key}}})
+        env += [_secret_env(flags.API_KEY_ENV, *secret_ref(spec, owner.name, "internal")),
+                _secret_env(CLIENT_KEY_ENV, *secret_ref(spec, owner.name, "api"))]
+    # the client gate (router_gate.py) runs the router as its child: clients reach the gate's port,
+    # inference paths only, with their own key; the router's port is the operator's
     container = {
         "name": ROUTER_CONTAINER,
         "image": spec.router.image,
-        "command": ["python", "-m", "sglang_router.launch_router"],
-        "args": router_args(spec, owner),
+        "command": ["python", "-m", "hicache_operator.router_gate"],
+        "args": [*gate_args(), "--shutdown-grace-period-secs", str(spec.rollout.drain_timeout_seconds), "--",
+                 "python", "-m", "sglang_router.launch_router", *router_args(spec, owner)],
         "ports": [{"name": "http", "containerPort": flags.RUNTIME_PORT, "protocol": "TCP"},
+                  {"name": "router", "containerPort": flags.ROUTER_API_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": {"requests": {k: str(v) for k, v in spec.router.resources.requests.items()},
                       "limits": {k: str(v) for k, v in spec.router.resources.limits.items()}},
-        # ready once it routes to at least one healthy pod
-        "readinessProbe": {"httpGet": {**http, "path": "/readiness"}, "periodSeconds": 5, "timeoutSeconds": 2,
-                           "failureThreshold": 2},
-        "livenessProbe": {"httpGet": {**http, "path": "/liveness"}, "periodSeconds": 15, "timeoutSeconds": 5,
-                          "failureThreshold": 4},
+        # ready once it routes to at least one healthy pod (asked through the gate)
+        "readinessProbe": {"httpGet": {"port": "http", "path": "/readiness"}, "periodSeconds": 5,
+                           "timeoutSeconds": 2, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {"port": "router", "path": "/liveness"}, "periodSeconds": 15,
+                          "timeoutSeconds": 5, "failureThreshold": 4},
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                             "runAsNonRoot": True, "privileged": False, "readOnlyRootFilesystem": True},
     }
@@ -531,7 +596,7 @@ def headless_service(owner: Owner) -> dict[str, Any]:
 
 
 def configmap(spec: HiCacheDeploymentSpec, owner: Owner) -> dict[str, Any]:
-    body = json.dumps(spec.hicache.storage.extra_config, sort_keys=True, indent=2)
+    body = json.dumps(effective_extra_config(spec), sort_keys=True, indent=2)
     return _stamp({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": _meta(owner, names(owner.name)["configmap"], "storage-config"),
@@ -557,6 +622,8 @@ def generated_secrets(spec: HiCacheDeploymentSpec, owner: Owner, new_key: Callab
         out.append(_secret(owner, names(owner.name)["secret"], "admin-key", ADMIN_SECRET_KEY, new_key()))
     if uses_api_key(spec) and spec.api_key_secret_ref is None:
         out.append(_secret(owner, names(owner.name)["apiSecret"], "api-key", API_SECRET_KEY, new_key()))
+    if uses_api_key(spec) and spec.router_on:
+        out.append(_secret(owner, names(owner.name)["internalSecret"], "internal-key", API_SECRET_KEY, new_key()))
     return out
 
 

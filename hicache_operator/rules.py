@@ -148,10 +148,13 @@ RULES: tuple[Rule, ...] = (
          "nodeSelector, required node affinity and tolerations): {why}"),
     Rule("host-pool-exceeds-node", "error",
          "host pool does not fit the node: {ranks} x {per_rank} (pools, see status.sizing) + {overhead} "
-         "(processes, /dev/shm, Mooncake segment, engine reserve) = {total} exceeds the allocatable memory "
-         "{alloc} of node {node}: {fix}"),
+         "(processes, /dev/shm, Mooncake segment, engine reserve and slack, page cache) = {total} exceeds the "
+         "allocatable memory {alloc} of node {node}: {fix}"),
     Rule("mooncake-segment-size", "error",
-         "Mooncake {key} {value!r} is neither bytes nor '<N>gb': write e.g. 68719476736 or '64gb'"),
+         "Mooncake {key} {value!r} {problem}: write {fix}"),
+    Rule("file-backend-size", "error",
+         "{where} {value!r} {problem}; SGLang's file backend reads bytes, or case-sensitive suffixes k, M, G, T "
+         "(powers of 1000, decimals allowed) and Ki, Mi, Gi, Ti (powers of 1024, whole numbers): write {fix}"),
     Rule("engine-version-unknown", "error",
          "engine sglang: the SGLang release cannot be read from image {image!r}: set spec.engineVersion "
          "(e.g. 0.5.23) to the release the image runs"),
@@ -183,6 +186,13 @@ RULES: tuple[Rule, ...] = (
          "extraArgs {flag} {why}; remove it from extraArgs"),
     Rule("extra-args-unknown-flag", "error",
          "extraArgs {flag}: {why}; correct it or remove it from extraArgs"),
+    Rule("extra-args-refused", "error",
+         "extraArgs {flag}: {why}; remove it from extraArgs"),
+    Rule("env-engine-override", "error",
+         "env[{index}] {var} {why}"),
+    Rule("page-size-rewritten", "error",
+         "SGLang {version} serves pageSize {given} as {served} {where} (attention backend {backend}), while "
+         "status, sizing and the L3 keys would say {given}: set pageSize to {served}"),
     Rule("invalid-pod-field", "error",
          "{field}: {problem} (the API server would refuse the pods' StatefulSet)"),
     Rule("schema", "error", "{detail}"),
@@ -228,6 +238,11 @@ RULES: tuple[Rule, ...] = (
     Rule("pods-per-node-memory-bound", "warning",
          "node {node} has GPUs for {by_gpus} pods of this deployment but allocatable memory for {by_memory} at "
          "{need} each, so {idle} GPUs stay idle there: lower the host pool, or use hicache.hostPool.fromNodeMemory"),
+    Rule("clients-hold-pods-key", "warning",
+         "engine sglang without the router: clients reach the pods with the pods' own API key, and SGLang's "
+         "/server_info gives any holder of that key the admin key (which detaches and clears L3); turn the "
+         "router on (router.enabled: its gate keeps the pods' key from clients), or let only trusted "
+         "clients hold apiKeySecretRef's key"),
     Rule("router-cache-split", "warning",
          "router.policy cache_aware with router.replicas {replicas}: each router pod learns what every pod "
          "caches from the requests it routes itself, and the client Service spreads a conversation's turns over "
@@ -236,6 +251,15 @@ RULES: tuple[Rule, ...] = (
     Rule("model-claim-not-shared", "warning",
          "{what} PersistentVolumeClaim {claim} has access modes {modes}, which attach it to one node, and "
          "the {replicas} pods run on {replicas} nodes: use a {needed} claim"),
+    Rule("engine-page-cache-unknown", "warning",
+         "SGLang {version}'s host headroom check counts the page cache of the checkpoint the ranks have just read "
+         "as used, and the size of {model}'s checkpoint is not known here: raise hicache.hostPool.overheadGiB by "
+         "it (else the last ranks to allocate refuse their host pools), or use SGLang {fixed} or newer, which "
+         "counts page cache as free"),
+    Rule("page-size-may-be-rewritten", "warning",
+         "SGLang {version} may serve pageSize {given} as {served} on {gpu} GPUs (attention backend {backend}), "
+         "and {why}: status, sizing and the L3 keys would then say {given}; set pageSize to {safe}, which every "
+         "attention backend SGLang may pick keeps, or pin the GPU kind with nodeSelector"),
     Rule("sizing-no-longer-fits", "warning",
          "the host pool sized at the last spec change no longer fits: {why}; edit the spec to re-size "
          "or add node memory"),

@@ -14,12 +14,17 @@ the Mooncake global segment the pod lends to the store (one per pod: the engines
 their ranks), each rank's Mooncake transfer buffer (registered for RDMA like the segment), the
 memory requests of the containers ``podTemplate`` adds, and, for SGLang releases that check host
 headroom, what that check demands. SGLang refuses a rank's pool P unless
-P <= (limit - usage - 10 GiB) / ranks at the moment that rank allocates (its ranks are the pod's:
+P <= (limit - usage - 10 GiB) // ranks at the moment that rank allocates (its ranks are the pod's:
 the check reads the pod's own cgroup); ranks allocate concurrently, so the last rank may already
-see its r - 1 peers' pools in the usage. The limit that passes for every rank is
+see its r - 1 peers' pools in the usage. Its usage counts the page cache of the checkpoint the
+ranks have just read in 0.5.21 (later releases count page cache as free). The limit leaves that
+rank ``ADMISSION_SLACK_PER_RANK_BYTES`` beyond its pool, so processes holding somewhat more than
+overheadGiB do not make it refuse its pool. The limit is
 
-    overhead + shm + segment + buffers + sidecars + 10 GiB + (2r - 1) x P      (SGLang with the check)
-    overhead + shm + segment + buffers + sidecars + r x P                     (otherwise)
+    overhead + shm + segment + buffers + 10 GiB + page cache + r x 1 GiB + (2r - 1) x P   (SGLang with the check)
+    overhead + shm + segment + buffers + r x P                                             (otherwise)
+
+(page cache: 0.5.21 only; sidecars have their own limits beside it).
 
 fromNodeMemory: the pods on a node may take ``allocatable x fraction - reserve`` together, so
 one pod's limit may take that divided by the pods the node may hold; P is what is left after the
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from decimal import Decimal
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -61,6 +67,21 @@ DEFAULT_SEGMENT_BYTES = 4 * GIB
 # Each rank's Mooncake transfer buffer: the bundled runtime's local_buffer_size default; SGLang
 # ignores the key and always takes this much.
 DEFAULT_LOCAL_BUFFER_BYTES = 16 * 2**20
+# What SGLang's host headroom check leaves each rank beyond its pool: room for the processes to hold
+# up to this much more each than overheadGiB / ranks when the last rank allocates (memory held
+# beyond the terms comes out of that rank's budget, 1/ranks of it).
+ADMISSION_SLACK_PER_RANK_BYTES = GIB
+# Size of the checkpoints SGLang loads (their safetensors: parameters x dtype bytes), whole GiB
+# rounded up, for the models model_shapes knows: the page cache the ranks leave behind.
+CHECKPOINT_GIB = {
+    "meta-llama/Llama-3.1-8B-Instruct": 15,
+    "meta-llama/Llama-3.1-70B-Instruct": 132,
+    "Qwen/Qwen2.5-7B-Instruct": 15,
+    "Qwen/Qwen3-8B": 16,
+    "Qwen/Qwen3-32B": 62,
+    "mistralai/Mistral-7B-Instruct-v0.3": 14,
+    "deepseek-ai/DeepSeek-V3": 642,
+}
 
 
 class SizingError(Exception):
@@ -96,8 +117,13 @@ class SizingRecord(BaseModel):
     mooncake_local_buffer_bytes: int | None = Field(
         None, description="The ranks' Mooncake transfer buffers (local_buffer_size each; SGLang: 16 MiB).")
     engine_reserve_bytes: int = Field(description="What SGLang's host headroom check keeps free (0 without it).")
+    page_cache_bytes: int | None = Field(None, description="The checkpoint's page cache, which the headroom check of "
+                                         "SGLang 0.5.21 counts as used when the ranks allocate (later releases count "
+                                         "it as free).")
+    admission_slack_bytes: int | None = Field(None, description="Room the headroom check leaves beyond every other "
+                                              "term: 1 GiB per rank, for processes holding more than overheadGiB.")
     pool_multiplier: int = Field(description="Pools the limit must hold: 2r-1 with SGLang's check, else r.")
-    page_size: int
+    page_size: int = Field(description="Tokens per page (spec.pageSize): pools hold whole pages.")
     bytes_per_token: int | None = Field(None, description="KV bytes per token per rank; unset for a model of unknown shape.")
     eligible_nodes: int | None = Field(None, description="Nodes the pods may land on; unset when the nodes were not read.")
     sizing_node: str | None = Field(None, description="The eligible node with the least memory per pod it may hold "
@@ -105,20 +131,27 @@ class SizingRecord(BaseModel):
                                                       "the pools are sized for it.")
     node_allocatable_bytes: int | None = Field(None, description="The sizing node's allocatable memory.")
     ineligible: str | None = Field(None, description="Why no node is eligible, node by node.")
-    fraction: float | None = None
-    reserve_bytes: int | None = None
-    budget_per_rank_bytes: int | None = None
-    budget_formula: str | None = None
+    fraction: float | None = Field(None, description="fromNodeMemory.fraction: the share of the node's allocatable "
+                                   "memory the fleet's pods on it may take.")
+    reserve_bytes: int | None = Field(None, description="fromNodeMemory.reserveGiB: kept out of that share.")
+    budget_per_rank_bytes: int | None = Field(None, description="What one rank's pool may take: the pod's share less "
+                                              "the other terms, over poolMultiplier.")
+    budget_formula: str | None = Field(None, description="budgetPerRankBytes, term by term, down to --hicache-size.")
     hicache_size_gb: int | None = Field(None, alias="hicacheSizeGB", description="--hicache-size per rank (GB).")
-    ratio: float | None = None
-    host_pool_pages_per_rank: int | None = None
-    host_pool_tokens_per_rank: int | None = None
-    host_pool_bytes_per_rank: int | None = None
+    ratio: float | None = Field(None, description="hostPool.ratio: host pool tokens per device pool token.")
+    host_pool_pages_per_rank: int | None = Field(None, description="Pages of one rank's host pool (SGLang: what "
+                                                 "--hicache-size buys, plus one).")
+    host_pool_tokens_per_rank: int | None = Field(None, description="hostPoolPagesPerRank x pageSize.")
+    host_pool_bytes_per_rank: int | None = Field(None, description="hostPoolTokensPerRank x bytesPerToken: what each "
+                                                 "rank allocates.")
     pod_memory_bytes: int | None = Field(None, description="The runtime container's memory request and limit (the "
                                                            "pod's, with sidecarBytes beside it).")
     pod_memory: str | None = Field(None, description="podMemoryBytes as a quantity (whole MiB).")
     formula: str | None = Field(None, description="podMemoryBytes, term by term.")
     engine_headroom_check: str | None = Field(None, description="SGLang's headroom check for the last rank.")
+    engine_headroom_spare_bytes: int | None = Field(None, description="What that check leaves the last rank beyond "
+                                                    "its pool: admissionSlackBytes / ranksPerPod, plus the limit's "
+                                                    "rounding to whole MiB.")
     note: str | None = Field(None, description="Why the pools could not be sized here.")
 
     @property
@@ -294,6 +327,8 @@ def inputs_hash(spec: HiCacheDeploymentSpec) -> str:
     relevant = {k: d.get(k) for k in keys}
     relevant["hostPool"] = d["hicache"]["hostPool"]
     relevant["sidecarBytes"] = sidecar_bytes(spec)
+    if spec.engine == "sglang":  # its release decides the headroom check's terms
+        relevant["engineVersion"] = engine.version(spec)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -322,14 +357,46 @@ def request_bytes(n: int) -> int:
     return -(-n // MIB) * MIB
 
 
+# A size as people write it, whatever the engine reads: number, unit letter, "i" for powers of 2.
+LOOSE_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt])(i?)b?", re.I)
+UNIT_POWER = {"k": 1, "m": 2, "g": 3, "t": 4}
+
+
 def segment_bytes(value: Any, key: str = "global_segment_size") -> int:
-    """A Mooncake size (``global_segment_size``, ``local_buffer_size``) as SGLang reads it: bytes,
-    or ``"<N>gb"`` meaning N GiB."""
-    text = str(value).strip().lower()
+    """A Mooncake size (``global_segment_size``, ``local_buffer_size``) as SGLang reads it
+    (``mooncake_store._parse_global_segment_size``, the same in every release checked): an int as
+    is, a float truncated, a string of bytes or ``"<N>gb"`` meaning N GiB, any case. What SGLang
+    cannot read fails its start, and a negative size or a boolean lends nothing: SizingError."""
+    if isinstance(value, bool):
+        raise SizingError("mooncake-segment-size", key=key, value=value, problem="is a boolean",
+                          fix="a byte count, e.g. 68719476736 or '64gb'")
     try:
-        return int(text[:-2].strip()) * GIB if text.endswith("gb") else int(text)
-    except ValueError as exc:
-        raise SizingError("mooncake-segment-size", key=key, value=value) from exc
+        if isinstance(value, str):
+            text = value.strip().lower()
+            number = text[:-2].strip() if text.endswith("gb") else None
+            if number == "":
+                raise ValueError(value)
+            size = int(number) * GIB if number is not None else int(text)
+        else:
+            size = int(value)
+    except (TypeError, ValueError):
+        raise SizingError("mooncake-segment-size", key=key, value=value,
+                          problem="is not a size SGLang's Mooncake backend reads (the engine would fail to start)",
+                          fix=_segment_fix(value)) from None
+    if size < 0:
+        raise SizingError("mooncake-segment-size", key=key, value=value, problem="is negative",
+                          fix="a byte count, e.g. 68719476736 or '64gb'")
+    return size
+
+
+def _segment_fix(value: Any) -> str:
+    """What to write for a Mooncake size SGLang cannot read, in its own spelling."""
+    m = LOOSE_SIZE.fullmatch(str(value).strip())
+    if not m:
+        return "a byte count, e.g. 68719476736, or '<N>gb' for N GiB, e.g. '64gb'"
+    size = int(Decimal(m.group(1)) * 1024 ** UNIT_POWER[m.group(2).lower()])
+    exact = f"'{size // GIB}gb'" if size % GIB == 0 else str(size)
+    return f"{exact} ({m.group(1)} x 2^{10 * UNIT_POWER[m.group(2).lower()]} bytes; Mooncake reads '<N>gb' as N GiB)"
 
 
 def fixed_terms(spec: HiCacheDeploymentSpec) -> dict[str, int]:
@@ -343,7 +410,21 @@ def fixed_terms(spec: HiCacheDeploymentSpec) -> dict[str, int]:
         terms["mooncakeLocalBufferBytes"] = spec.ranks_per_pod * (
             DEFAULT_LOCAL_BUFFER_BYTES if buffer is None else segment_bytes(buffer, "local_buffer_size"))
     terms["engineReserveBytes"] = engine.host_reserve_bytes(spec)
+    if terms["engineReserveBytes"]:
+        if page_cache := page_cache_bytes(spec):
+            terms["pageCacheBytes"] = page_cache
+        terms["admissionSlackBytes"] = spec.ranks_per_pod * ADMISSION_SLACK_PER_RANK_BYTES
     return terms
+
+
+def page_cache_bytes(spec: HiCacheDeploymentSpec) -> int | None:
+    """Page cache SGLang's headroom check counts as used when the ranks allocate their pools: the
+    checkpoint they just read, in releases that count the cgroup's file cache as used (0.5.21); 0
+    where the release counts it free or has no check; None when counted but of unknown size."""
+    if not engine.has(spec, "host_pool_headroom_check") or engine.has(spec, "host_headroom_page_cache_free"):
+        return 0
+    gib = CHECKPOINT_GIB.get(spec.model)
+    return None if gib is None else gib * GIB
 
 
 def pool_multiplier(spec: HiCacheDeploymentSpec) -> int:
@@ -465,12 +546,14 @@ def compute(spec: HiCacheDeploymentSpec, nodes: list[dict] | None) -> SizingReco
     rec.update(hostPoolBytesPerRank=per_rank, podMemoryBytes=total, podMemory=memory_quantity(total),
                formula=" + ".join(f"{v} ({k.removesuffix('Bytes')})" for k, v in terms.items() if v)
                + f" + {multiplier} x {per_rank} (host pools) = {total} B")
-    if terms["engineReserveBytes"]:
-        usage = (terms["overheadBytes"] + terms["shmBytes"] + terms.get("mooncakeSegmentBytes", 0)
-                 + terms.get("mooncakeLocalBufferBytes", 0) + (ranks - 1) * per_rank)
-        rec["engineHeadroomCheck"] = (
-            f"last rank to allocate: ({total} limit - {usage} in use - {terms['engineReserveBytes']} reserve) / {ranks} "
-            f"= {(total - usage - terms['engineReserveBytes']) // ranks} B >= {per_rank} B pool")
+    if reserve := terms["engineReserveBytes"]:
+        limit = request_bytes(total)
+        usage = fixed - reserve - terms["admissionSlackBytes"] + (ranks - 1) * per_rank
+        budget = (limit - usage - reserve) // ranks
+        rec.update(engineHeadroomSpareBytes=budget - per_rank, engineHeadroomCheck=(
+            f"last rank to allocate: ({limit} limit - {usage} in use - {reserve} reserve) // {ranks} ranks = "
+            f"{budget} B = {per_rank} B pool + {budget - per_rank} B spare (in use: every term but the reserve "
+            f"and the slack, and {ranks - 1} peer pools)"))
     if smallest is not None and total + sidecars > smallest.memory:
         max_gb = max(0, (smallest.memory - sidecars - fixed) // multiplier // GB)
         fix = ("lower fraction or reserve more" if pool.from_node_memory is not None else

@@ -48,6 +48,8 @@ class _Model(BaseModel):
 
 
 class Parallelism(_Model):
+    """How each pod's engine splits the model over its GPUs: tp x pp ranks (one GPU each) per pod."""
+
     model_config = ConfigDict(json_schema_extra=_cel("parallelism"))
     # tp x pp GPUs go into the pod's resources as one integer quantity: keep it a sane integer.
     tp: int = _from_flag("parallelism.tp", ge=1, le=MAX_RANKS)
@@ -56,6 +58,8 @@ class Parallelism(_Model):
 
 
 class FromNodeMemory(_Model):
+    """Size each rank's host pool from the memory of the smallest eligible node (status.sizing)."""
+
     fraction: float = Field(0.8, gt=0, le=1, description="Share of the node's allocatable memory the pod's memory limit may take "
                                                           "(host pools and every other term of status.sizing).")
     reserve_gib: float = Field(16.0, ge=0, alias="reserveGiB",
@@ -63,6 +67,9 @@ class FromNodeMemory(_Model):
 
 
 class HostPool(_Model):
+    """Host (L2) pool per rank: exactly one of ratio, sizeGBPerRank, fromNodeMemory; and the other
+    terms of the pod's memory."""
+
     model_config = ConfigDict(json_schema_extra=_cel("hostPool"))
     # The bound keeps ratio x maxTotalTokens finite for sizing; no host has 1000x its GPU memory.
     ratio: float | None = Field(None, le=1000, description=flags.flag("hicache.hostPool.ratio").help)
@@ -79,8 +86,11 @@ class HostPool(_Model):
 
 
 class Resources(_Model):
-    requests: dict[str, IntOrString] = Field(default_factory=dict)
-    limits: dict[str, IntOrString] = Field(default_factory=dict)
+    """A container's requests and limits: Kubernetes quantities by resource name (cpu, memory, ...)."""
+
+    requests: dict[str, IntOrString] = Field(default_factory=dict, description=(
+        "What the container is guaranteed; the scheduler places the pod where it fits."))
+    limits: dict[str, IntOrString] = Field(default_factory=dict, description="The most the container may use.")
 
 
 HOST_PORT = r"^[^\s:;/]+:[0-9]{1,5}$"
@@ -88,11 +98,15 @@ PORT = {"ge": 1, "le": 65535}
 
 
 class HttpMetadataServer(_Model):
+    """The managed master's HTTP metadata server (the transfer engine's metadata, instead of P2PHANDSHAKE)."""
+
     port: int = Field(8080, **PORT, description="Port of the master's HTTP metadata server (it listens on every "
                                                 "address of the pod).")
 
 
 class MasterHA(_Model):
+    """Several managed masters, the leader elected through an existing etcd cluster."""
+
     etcd_endpoints: list[Annotated[str, Field(pattern=HOST_PORT, max_length=253)]] = Field(
         min_length=1, max_length=16, description=(
             "host:port of each member of an existing etcd cluster the masters elect their leader through; "
@@ -124,11 +138,15 @@ class ManagedMaster(_Model):
     resources: Resources = Field(
         default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "4Gi"}),
         description="The master container's resources (it holds object metadata; the memory is lent by the pods).")
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the master's pods require.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Kubernetes tolerations of the master's pods."))
 
 
 class Mooncake(_Model):
+    """The Mooncake store (backend mooncake): its master and the transfer engine's settings; each
+    field goes to the pods' env and storage extra config."""
+
     model_config = ConfigDict(json_schema_extra=_cel("mooncake"))
     master_address: str | None = Field(None, min_length=1, description="host:port of an existing mooncake_master "
                                                                        "(MOONCAKE_MASTER).")
@@ -139,11 +157,15 @@ class Mooncake(_Model):
     protocol: Literal[flags.MOONCAKE_PROTOCOLS] | None = Field(None, description="tcp (default) or rdma.")  # type: ignore[valid-type]
     metadata_server: str | None = Field(None, description="P2PHANDSHAKE (default) or an http metadata URL.")
     global_segment_size: IntOrString | None = Field(None, description="Bytes or e.g. '4gb' this pod lends to the store.")
-    local_buffer_size: IntOrString | None = None
+    local_buffer_size: IntOrString | None = Field(None, description=(
+        "Bytes or e.g. '16mb' of each rank's transfer buffer (local_buffer_size); unset: the engine's default."))
     device_name: str | None = Field(None, description="RDMA device(s); empty discovers them.")
 
 
 class Storage(_Model):
+    """The L3 storage tier the fleet shares; a change is swapped live, pod by pod (each drained,
+    detached and attached again)."""
+
     backend: _enum("hicache.storage.backend") = _from_flag("hicache.storage.backend")
     prefetch_policy: _enum("hicache.storage.prefetchPolicy") = _from_flag("hicache.storage.prefetchPolicy")
     extra_config: dict[str, Any] = Field(default_factory=dict,
@@ -152,6 +174,8 @@ class Storage(_Model):
 
 
 class HiCache(_Model):
+    """SGLang's hierarchical KV cache: the GPU (L1) pool, the host (L2) pool and the L3 storage."""
+
     model_config = ConfigDict(json_schema_extra=_cel("hicache"))
     host_pool: HostPool = Field(default_factory=lambda: HostPool(ratio=flags.flag("hicache.hostPool.ratio").default),
                                 description="Host (L2) pool size: exactly one of ratio, sizeGBPerRank, fromNodeMemory.")
@@ -183,6 +207,8 @@ def resolve_max_unavailable(value: int | str, replicas: int) -> int:
 
 
 class Rollout(_Model):
+    """How pods are restarted and backends swapped: a few pods at a time, each drained first."""
+
     model_config = ConfigDict(json_schema_extra=_cel("rollout"))
     max_unavailable: IntOrString = Field(1, description="Pods out of serving at once (a count >= 1, or a percentage "
                                                         "of replicas rounded down, at least 1), for restarts and "
@@ -191,6 +217,8 @@ class Rollout(_Model):
 
 
 class Rdma(_Model):
+    """RDMA devices for the pods (the Mooncake transfer engine with protocol rdma)."""
+
     model_config = ConfigDict(json_schema_extra=_cel("rdma"))
     resource: str = Field(min_length=1, max_length=253, description=(
         "Extended resource of the RDMA device plugin, e.g. rdma/hca_shared_devices_a (requested and limited)."))
@@ -204,26 +232,35 @@ class Rdma(_Model):
 class ModelShape(_Model):
     """KV geometry of the model, for bytes per token; overrides the built-in table."""
 
-    num_layers: int = Field(ge=1)
-    num_kv_heads: int = Field(1, ge=1)
-    head_dim: int = Field(1, ge=1)
-    dtype_bytes: int = Field(2, ge=1)
-    mla: bool = False
-    kv_lora_rank: int = Field(0, ge=0)
-    qk_rope_head_dim: int = Field(0, ge=0)
+    num_layers: int = Field(ge=1, description="Transformer layers (config.json num_hidden_layers), split over pp.")
+    num_kv_heads: int = Field(1, ge=1, description="KV heads (num_key_value_heads), split over tp.")
+    head_dim: int = Field(1, ge=1, description="Dimension of one head.")
+    dtype_bytes: int = Field(2, ge=1, description="Bytes of one KV element (2 for bfloat16 and float16).")
+    mla: bool = Field(False, description="Multi-head latent attention (DeepSeek): a token's KV per layer is "
+                                         "kvLoraRank + qkRopeHeadDim elements, not split over tp.")
+    kv_lora_rank: int = Field(0, ge=0, description="With mla: the compressed KV's rank (kv_lora_rank).")
+    qk_rope_head_dim: int = Field(0, ge=0, description="With mla: the rotary part of each key (qk_rope_head_dim).")
 
 
 class SecretKeyRef(_Model):
+    """One key of a Secret in the fleet's namespace."""
+
     # The API server's own syntax for a Secret name and a data key, so a typo is refused at apply.
-    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
-    key: str = Field("admin-api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description="The Secret's name.")
+    key: str = Field("admin-api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+                     description="The key in the Secret's data.")
 
 
 class ApiKeySecretRef(SecretKeyRef):
-    key: str = Field("api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """One key of a Secret in the fleet's namespace."""
+
+    key: str = Field("api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+                     description="The key in the Secret's data.")
 
 
 class Placement(_Model):
+    """How many of the fleet's pods a node may hold (sizing assumes the same)."""
+
     policy: Literal["pack", "spread"] = Field(
         "pack", description="pack: as many pods per node as its GPUs hold (nvidia.com/gpu // (tp x pp)), each "
                             "with its share of the node's memory; spread: at most one pod per node (required pod "
@@ -233,16 +270,19 @@ class Placement(_Model):
 class EnvVar(_Model):
     """A container env var (Kubernetes' EnvVar), added to the runtime container."""
 
-    name: str = Field(min_length=1, max_length=1024)
-    value: str | None = None
+    name: str = Field(min_length=1, max_length=1024, description="The variable's name.")
+    value: str | None = Field(None, description="Its value (or valueFrom).")
     value_from: dict[str, Any] | None = Field(None, description="configMapKeyRef, secretKeyRef, fieldRef or "
                                                                 "resourceFieldRef, as in a pod.")
 
 
 class PodTemplateMetadata(_Model):
+    """Labels and annotations added to the pods; the operator's own keys are refused."""
+
     model_config = ConfigDict(json_schema_extra=_cel("podTemplateMetadata"))
-    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
-    annotations: dict[str, str] = Field(default_factory=dict, max_length=64)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64, description="Labels added to the pods.")
+    annotations: dict[str, str] = Field(default_factory=dict, max_length=64,
+                                        description="Annotations added to the pods.")
 
 
 class PodTemplate(_Model):
@@ -277,7 +317,10 @@ class ModelClaim(_Model):
 
 
 class HfTokenSecretRef(SecretKeyRef):
-    key: str = Field("token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """One key of a Secret in the fleet's namespace."""
+
+    key: str = Field("token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+                     description="The key in the Secret's data.")
 
 
 class HuggingFaceSource(_Model):
@@ -294,7 +337,8 @@ class HuggingFaceSource(_Model):
                                              "huggingface.co.")
     cache: ModelClaim = Field(description="Where the download lands, as <path>/<org>--<name>/<revision>: "
                                           "fleets and restarts that find it complete download nothing.")
-    allow_patterns: list[str] | None = Field(None, description="Only files matching one of these globs.")
+    allow_patterns: list[str] | None = Field(None, description="Only files matching one of these globs; unset: "
+                                                               "every file.")
     ignore_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_IGNORE_PATTERNS),
                                        description="Files matching these globs are skipped (default: "
                                                    + ", ".join(DEFAULT_IGNORE_PATTERNS) + ").")
@@ -315,7 +359,8 @@ class ImageSource(_Model):
                                        "volume: the ImageVolume feature, on by default from 1.35).")
     path: str = Field("", max_length=1024, pattern=RELATIVE_PATH,
                       description="The checkpoint directory inside the image (empty: its root).")
-    pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        None, description="The image volume's pull policy; unset: Kubernetes' default.")
 
 
 class ModelSource(_Model):
@@ -354,11 +399,16 @@ class Router(_Model):
 
 
 class HiCacheDeploymentSpec(_Model):
+    """The fleet: what the pods serve, with which engine, how many on which nodes, and how their
+    KV cache is tiered (GPU, host DRAM, L3 storage)."""
+
     model_config = ConfigDict(json_schema_extra=_cel("spec"))
     engine: Literal[flags.ENGINES] = Field("bundled", description="bundled cache runtime or sglang.launch_server.")  # type: ignore[valid-type]
     # The API server refuses an image with leading or trailing whitespace.
-    image: str = Field(min_length=1, max_length=512, pattern=r"^\S(.*\S)?$")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    image: str = Field(min_length=1, max_length=512, pattern=r"^\S(.*\S)?$", description=(
+        "Image of the pods' runtime container: the bundled cache runtime (engine bundled) or an SGLang image."))
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        None, description="Pull policy of every container the operator renders; unset: Kubernetes' default.")
     engine_version: str | None = Field(
         None, pattern=r"^\d+\.\d+\.\d+(\.post\d+)?$",
         description="SGLang release the image runs (e.g. 0.5.23), for the engine's feature checks; unset: read "
@@ -375,21 +425,31 @@ class HiCacheDeploymentSpec(_Model):
                     "weights, allocating pools): the startup probe's budget. Unset: 600, or 1800 when engine "
                     "sglang downloads a Hub id itself. Downloads by modelSource run before it, without a "
                     "deadline.")
-    replicas: int = Field(1, ge=0, le=INT32_MAX)
+    replicas: int = Field(1, ge=0, le=INT32_MAX, description="Pods of the fleet (also set through the scale "
+                                                             "subresource: kubectl scale hcd).")
     parallelism: Parallelism = Field(default_factory=Parallelism)
     page_size: int = _from_flag("pageSize", ge=1)
     max_total_tokens: int | None = _from_flag("maxTotalTokens", ge=1)
     enable_cache_report: bool = _from_flag("enableCacheReport")
     hicache: HiCache = Field(default_factory=HiCache)
     rollout: Rollout = Field(default_factory=Rollout)
-    resources: Resources = Field(default_factory=Resources)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    affinity: dict[str, Any] | None = None
+    resources: Resources = Field(default_factory=Resources, description=(
+        "The runtime container's requests and limits. nvidia.com/gpu is always tp x pp; memory, unless given, "
+        "is the sized pod memory (status.sizing.podMemory), request and limit alike."))
+    node_selector: dict[str, str] = Field(default_factory=dict, description=(
+        "Node labels the pods require; sizing reads only the nodes that match."))
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Kubernetes tolerations of the pods; a node with a NoSchedule or NoExecute taint they do not tolerate "
+        "is not eligible for sizing."))
+    affinity: dict[str, Any] | None = Field(None, description=(
+        "A Kubernetes Affinity for the pods; placement's pod (anti-)affinity is added to it, and its required "
+        "node affinity limits the nodes sizing reads."))
     rdma: Rdma | None = Field(None, description="RDMA devices for the Mooncake transfer engine (protocol rdma).")
     host_network: bool = Field(False, description="Pods use the node's network; MOONCAKE_LOCAL_HOSTNAME becomes the host IP.")
-    extra_volumes: list[dict[str, Any]] = Field(default_factory=list)
-    extra_volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    extra_volumes: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Kubernetes volumes added to the pods."))
+    extra_volume_mounts: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Kubernetes volume mounts added to the runtime container."))
     placement: Placement = Field(default_factory=Placement)
     env: list[EnvVar] = Field(default_factory=list, description="Env vars added to the runtime container; the "
                                                                 "ones the operator sets cannot be overridden.")
@@ -403,9 +463,11 @@ class HiCacheDeploymentSpec(_Model):
     admin_key_secret_ref: SecretKeyRef | None = Field(
         None, description="Secret holding the admin API key; unset: the operator generates one.")
     api_key_secret_ref: ApiKeySecretRef | None = Field(
-        None, description="Secret holding the clients' API key (--api-key). engine sglang always has one (unset: "
-                          "the operator generates <name>-api), since without it SGLang serves /server_info, admin "
-                          "key included, to anyone; engine bundled uses it when set.")
+        None, description="Secret holding the clients' API key. engine sglang always has one (unset: the operator "
+                          "generates <name>-api), since SGLang serves /server_info, admin key included, to anyone "
+                          "without --api-key; engine bundled uses it when set. With the router on it opens the "
+                          "router's client gate only, and the pods take the fleet's internal key (<name>-internal); "
+                          "without the router it is the pods' --api-key.")
 
     @property
     def router_on(self) -> bool:

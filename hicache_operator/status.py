@@ -42,22 +42,24 @@ class _Model(BaseModel):
 
 
 class RuleNote(_Model):
+    """A rule applied to the spec: a normalisation made or a warning raised."""
+
     rule: str = Field(description="The rule's name (docs/validation-rules.md).")
-    message: str
+    message: str = Field(description="What the rule did or found, and what to change.")
 
 
 class EffectiveConfig(_Model):
     """What the pods run: the spec after normalisation, the rendered command, and the rules applied."""
 
-    engine: str
-    model: str
+    engine: str = Field(description="spec.engine.")
+    model: str = Field(description="spec.model.")
     hicache: dict[str, Any] = Field(description="spec.hicache after normalisation.")
-    command: list[str]
-    args: list[str]
+    command: list[str] = Field(description="The runtime container's command.")
+    args: list[str] = Field(description="The engine's arguments rendered from the spec.")
     restart_hash: str = Field(description="Hash of the pod template without the storage config; a change restarts pods.")
     storage_hash: str = Field(description="Fingerprint of the storage config; a change is swapped live.")
-    normalisations: list[RuleNote] = Field(default_factory=list)
-    warnings: list[RuleNote] = Field(default_factory=list)
+    normalisations: list[RuleNote] = Field(default_factory=list, description="What validation changed in the spec.")
+    warnings: list[RuleNote] = Field(default_factory=list, description="What validation found worth a look.")
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, mode="json")
@@ -74,7 +76,9 @@ class MooncakeMasterStatus(_Model):
 
 
 class HiCacheDeploymentStatus(_Model):
-    observed_generation: int | None = None
+    """The fleet as the operator last observed it: every field and condition derived from one observation."""
+
+    observed_generation: int | None = Field(None, description="The metadata.generation this status describes.")
     replicas: int | None = Field(None, description="Pods that exist (not terminating).")
     ready_replicas: int | None = Field(None, description="Pods that are Ready and in serving (not taken out by a swap or restart).")
     ready: str | None = Field(None, description="readyReplicas/spec.replicas, for the READY column.")
@@ -82,10 +86,12 @@ class HiCacheDeploymentStatus(_Model):
         None, description="Pods (not terminating) created from the current pod template; the others are restarted, "
                           "drained first, within rollout.maxUnavailable.")
     selector: str | None = Field(None, description="Pod label selector (scale subresource).")
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list, description=(
+        f"The fleet's conditions: {', '.join(OWN_CONDITIONS)}."))
     effective_config: EffectiveConfig | None = Field(
         None, description="The configuration after normalisation, the rendered arguments, and every rule applied.")
-    sizing: SizingRecord | None = Field(None, description="Host pool sizing arithmetic.")
+    sizing: SizingRecord | None = Field(None, description="Host pool sizing: every term of the pods' memory, and "
+                                                          "the engine's host headroom check for the last rank.")
     host_pool: str | None = Field(None, description="Host pool per rank, for the HOST-POOL column.")
     current_backend: str | None = Field(
         None, description="L3 backend the running pods run: the target when all do, else the one most of the "
@@ -169,7 +175,9 @@ class Observed:
     message) found outside the pods (the sizing no longer fits, a Secret is missing).
     ``swap``: None means as ``previous`` has it. ``downloads``: pod -> the progress its model
     download reports (``model_download.Progress.report``). ``master``: the managed Mooncake
-    master, None without one. ``router_pods``: the router's pods, as the watch shows them."""
+    master, None without one. ``router_pods``: the router's pods, as the watch shows them.
+    ``l3_unavailable``: pod -> why its runtime last reported its L3 store unavailable (it serves
+    from L1+L2 meanwhile); pods whose runtime reports nothing (SGLang) are never in it."""
 
     generation: int
     previous: dict[str, Any]
@@ -183,6 +191,7 @@ class Observed:
     downloads: dict[str, dict[str, Any]] = field(default_factory=dict)
     master: MooncakeMasterStatus | None = None
     router_pods: tuple[dict, ...] = ()
+    l3_unavailable: dict[str, str] = field(default_factory=dict)
 
 
 class Status(dict):
@@ -368,12 +377,31 @@ def _degraded(o: Observed, swap: SwapView, fleet: _Fleet, settled: bool) -> Cond
         problems.append(("StorageUnavailable", f"{', '.join(names)} could not attach {fleet.target_backend} when "
                          f"started and serve from L1+L2 ({swap.unattached[names[0]]}); fix the store, then delete "
                          "those pods to restart them on it"))
+    l3_down = _l3_unavailable_message(o, swap, fleet)
+    if l3_down:
+        problems.append(("StorageUnavailable", l3_down))
     if not problems and settled and fleet.ready + fleet.starting < fleet.replicas:
         problems.append(("ReplicasUnavailable", _unavailable_message(fleet.ready, fleet.replicas, fleet.starting,
                                                                      fleet.unready)))
     if not problems:
         return condition("Degraded", False, "AsExpected", "no problems found")
     return condition("Degraded", True, problems[0][0], "; ".join(m for _, m in problems))
+
+
+def _l3_unavailable_message(o: Observed, swap: SwapView, fleet: _Fleet) -> str | None:
+    """E.g. "the L3 store is unavailable on demo-0, demo-1 (StorageUnavailable: put failed with
+    RPC_FAIL); they serve from L1+L2 until it recovers", for the live pods whose runtime reports
+    it (those that could not attach at start have their own message), None when none does."""
+    live = {p["metadata"]["name"] for p in fleet.live}
+    by_reason: dict[str, list[str]] = {}
+    for name, why in sorted(o.l3_unavailable.items()):
+        if name in live and name not in swap.unattached:
+            by_reason.setdefault(why, []).append(name)
+    if not by_reason:
+        return None
+    groups = [f"{', '.join(names)} ({why})" for why, names in by_reason.items()]
+    shown = "; ".join(groups[:3]) + (f" and {len(groups) - 3} more" if len(groups) > 3 else "")
+    return f"the L3 store is unavailable on {shown}; they serve from L1+L2 until it recovers"
 
 
 def failed(previous: dict | None, generation: int, failure: tuple[str, str], now: str) -> dict[str, Any]:

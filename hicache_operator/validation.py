@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
 
 from hicache_operator import engine, engine_cli, engine_versions, flags, model_source, overlay, render, sizing
-from hicache_operator.rollout.storage_config import hostname_paths, without_hostnames
+from hicache_operator.rollout.storage_config import FILE_DEFAULT_DIR, hostname_paths, without_hostnames
 from hicache_operator.rules import OPERATOR_KEY_PREFIX, OPERATOR_LABEL_KEYS, rule
 from hicache_operator.spec import HiCacheDeploymentSpec, resolve_max_unavailable
 
 DYNAMIC_REQUIRED = ("backend_name", "module_path", "class_name")
-DEFAULT_FILE_STORAGE_PATH = "/tmp/hicache"  # SGLang's HiCacheFile default, and the runtime's
 MOONCAKE_DEFAULTS = {"protocol": "tcp", "metadata_server": "P2PHANDSHAKE"}
 
 
@@ -110,21 +110,66 @@ def check_static(spec: HiCacheDeploymentSpec, name: str | None = None) -> list[F
     out += check_extra_args(spec)
     if spec.router_on and spec.router.policy == "cache_aware" and spec.router.replicas > 1:
         out.append(finding("router-cache-split", replicas=spec.router.replicas))
+    if spec.engine == "sglang" and not spec.router_on:
+        out.append(finding("clients-hold-pods-key"))
     return out + check_engine(spec)
 
 
 def check_extra_args(spec: HiCacheDeploymentSpec) -> list[Finding]:
-    """Flags the operator renders, and (as the engine's own parser tells) flags the engine does not know."""
+    """Flags the operator renders, (as the engine's own parser tells) flags the engine does not know,
+    and flags (with values) SGLang's own resolution refuses beside the rendered command or that
+    move the pod's ranks off its node or GPUs (``engine_cli.REFUSED_ARGS``)."""
     names = {"owned": "extra-args-owned-flag", "unknown": "extra-args-unknown-flag"}
-    return [finding(names[kind], flag=flag, why=why)
-            for kind, flag, why in engine_cli.check(spec.extra_args, spec.engine, engine.version(spec))]
+    version = engine.version(spec)
+    out = [finding(names[kind], flag=flag, why=why)
+           for kind, flag, why in engine_cli.check(spec.extra_args, spec.engine, version)]
+    return out + [finding("extra-args-refused", flag=flag, why=why)
+                  for flag, why in engine_cli.refused(spec.extra_args, spec.engine, version)]
 
 
 def check_env(spec: HiCacheDeploymentSpec, name: str | None) -> list[Finding]:
-    """spec.env against the env vars the operator sets."""
+    """spec.env against the env vars the operator sets and those that override what it sets."""
     ours = {e["name"]: e for e in render.operator_env(spec, render.Owner(name or "<name>", "", ""))}
-    return [finding("env-owned", index=i, var=e.name, source=_env_source(ours[e.name]))
-            for i, e in enumerate(spec.env) if e.name in ours]
+    out = [finding("env-owned", index=i, var=e.name, source=_env_source(ours[e.name]))
+           for i, e in enumerate(spec.env) if e.name in ours]
+    return out + [finding("env-engine-override", index=i, var=e.name, why=engine_cli.ENGINE_ENV[e.name])
+                  for i, e in enumerate(spec.env) if e.name in engine_cli.ENGINE_ENV and e.name not in ours]
+
+
+def check_page_size(spec: HiCacheDeploymentSpec, eligible: list[sizing.NodeInfo] | None) -> list[Finding]:
+    """SGLang serves spec.pageSize as written on every GPU the pods may land on (``eligible``; None:
+    the nodes were not read), since status, sizing and the L3 keys all use it: an error where it
+    would be rewritten, a warning where it may be (the GPU kind or the model's attention is unknown)."""
+    given, release = spec.page_size, engine.version(spec)
+    if release is None:
+        return []
+    every = engine.page_outcomes(spec, None)
+    if every and all(o.size == every[0].size != given for o in every):  # whatever the GPU
+        o = every[0]
+        return [finding("page-size-rewritten", version=release, given=given, served=o.size, backend=o.backend,
+                        where="on any GPU")]
+    if eligible is None:
+        return []
+    nodes = {}
+    for node in eligible:
+        nodes.setdefault(engine.gpu_kind(node.labels), node.name)
+    for kind, node in nodes.items():
+        outcomes = engine.page_outcomes(spec, kind)
+        if kind is not None and outcomes and all(o.size == outcomes[0].size != given for o in outcomes):
+            return [finding("page-size-rewritten", version=release, given=given, served=outcomes[0].size,
+                            backend=outcomes[0].backend, where=f"on the {engine.GPU_NAMES.get(kind, f'SM{kind}x')} "
+                            f"GPUs of node {node}")]
+    for kind, node in nodes.items():
+        rewritten = [o for o in engine.page_outcomes(spec, kind) if o.size != given]
+        if rewritten:
+            o = rewritten[0]
+            why = (f"node {node} does not say its GPU kind (label {engine.GPU_PRODUCT_LABEL} or "
+                   f"{engine.GPU_COMPUTE_MAJOR_LABEL})" if kind is None else
+                   f"the attention SGLang picks for {spec.model} on node {node} is not known here")
+            return [finding("page-size-may-be-rewritten", version=release, given=given, served=o.size,
+                            gpu=engine.GPU_NAMES.get(o.gpu, f"SM{o.gpu}x"), backend=o.backend, why=why,
+                            safe=engine.safe_page_size(spec) or "a size every backend keeps")]
+    return []
 
 
 def check_overlay(spec: HiCacheDeploymentSpec, sized: sizing.SizingRecord | None, name: str | None) -> list[Finding]:
@@ -196,15 +241,78 @@ def check_mooncake(spec: HiCacheDeploymentSpec) -> list[Finding]:
 
 def check_file_storage(spec: HiCacheDeploymentSpec) -> list[Finding]:
     """The file backend's directory, read as both engines read it: extraConfig file_storage_path,
-    else /tmp/hicache (the pod's own emptyDir)."""
+    else /tmp/hicache (the pod's own emptyDir); and its size bounds."""
     extra = spec.hicache.storage.extra_config
     if "storage_dir" in extra:
         return [finding("file-storage-dir-key")]
-    path = str(extra.get("file_storage_path") or DEFAULT_FILE_STORAGE_PATH).rstrip("/")
+    out = check_file_sizes(spec)
+    path = str(extra.get("file_storage_path") or FILE_DEFAULT_DIR).rstrip("/")
     mounts = [str(m.get("mountPath", "")).rstrip("/") for m in spec.extra_volume_mounts if isinstance(m, dict)]
     if not any(m and (path == m or path.startswith(m + "/")) for m in mounts):
-        return [finding("file-storage-not-shared", path=path)]
-    return []
+        out.append(finding("file-storage-not-shared", path=path))
+    return out
+
+
+# The file backend's size bounds: extraConfig key, else env var (both engines read them alike).
+FILE_SIZE_SETTINGS = {"max_size": "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE",
+                      "min_free_space": "SGLANG_HICACHE_FILE_BACKEND_MIN_FREE_SPACE"}
+# SGLang's human_readable_int (utils/common.py), which its file backend reads them with.
+SI_SIZE = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+IEC_SIZE = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+SGLANG_SIZE = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+
+
+def check_file_sizes(spec: HiCacheDeploymentSpec) -> list[Finding]:
+    """Each size bound SGLang would read as something other than what was written: a string it cannot
+    read (it logs a line and runs unbounded), a negative size (unbounded) or a boolean (1 byte)."""
+    extra, env = spec.hicache.storage.extra_config, {e.name: e.value for e in spec.env if e.value is not None}
+    out = []
+    for key, var in FILE_SIZE_SETTINGS.items():
+        where, value = ((f"hicache.storage.extraConfig.{key}", extra[key]) if extra.get(key) is not None else
+                        (f"env {var}", env.get(var)))
+        problem = file_size_problem(value)
+        if problem is not None:
+            out.append(finding("file-backend-size", where=where, value=value, problem=problem[0], fix=problem[1]))
+    return out
+
+
+NOT_READ = "is not a size SGLang reads, so it would run with no bound (logging one line)"
+
+
+def file_size_problem(value: Any) -> tuple[str, str] | None:
+    """(what SGLang makes of ``value``, what to write instead), or None when it reads what was written."""
+    if isinstance(value, bool):
+        return "is a boolean, which SGLang reads as 1 byte", "a size, e.g. '200G', or 0 for no bound"
+    if value is None or isinstance(value, (int, float)):
+        size = value or 0
+    elif (text := str(value).strip()) in ("", "0"):
+        size = 0
+    elif m := SGLANG_SIZE.fullmatch(text):
+        if "." in m.group(1) and m.group(2) in IEC_SIZE:
+            return NOT_READ, _file_size_fix(text)
+        size = (int(m.group(1)) * IEC_SIZE[m.group(2)] if m.group(2) in IEC_SIZE else
+                int(Decimal(m.group(1)) * SI_SIZE[m.group(2)]))
+    else:
+        try:
+            size = int(text)
+        except ValueError:
+            return NOT_READ, _file_size_fix(text)
+    if size < 0:
+        return "is negative, which SGLang reads as no bound", "a size, e.g. '200G', or 0 for no bound"
+    return None
+
+
+def _file_size_fix(text: str) -> str:
+    m = sizing.LOOSE_SIZE.fullmatch(text)
+    if not m:
+        return "bytes, e.g. 200000000000, or '200G' (200 x 10^9 bytes) or '200Gi' (200 x 2^30 bytes)"
+    number, unit = m.group(1), m.group(2).lower()
+    power = sizing.UNIT_POWER[unit]
+    si = f"{number}{'k' if unit == 'k' else unit.upper()}"
+    iec_bytes = int(Decimal(number) * 1024**power)
+    iec = (f"'{number}{unit.upper()}i' ({iec_bytes} bytes)" if "." not in number else
+           f"{iec_bytes} ({number} x 2^{10 * power} bytes)")
+    return f"'{si}' ({int(Decimal(number) * 1000**power)} bytes) or {iec}, whichever was meant"
 
 
 def check_engine(spec: HiCacheDeploymentSpec) -> list[Finding]:
@@ -482,8 +590,12 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, namespace: st
                                 by_memory=rec.pods_per_node_by_memory,
                                 need=sizing.fmt_bytes((rec.pod_memory_bytes or 0) + (rec.sidecar_bytes or 0)),
                                 idle=(rec.pods_per_node_by_gpus - rec.pods_per_node) * rec.ranks_per_pod))
+    if rec is not None and rec.pod_memory_bytes and sizing.page_cache_bytes(effective) is None:
+        findings.append(finding("engine-page-cache-unknown", version=engine.version(effective), model=effective.model,
+                                fixed=engine_versions.FEATURES["host_headroom_page_cache_free"].min_version))
     if outcome.sizing and outcome.sizing.note and "memory" not in effective.resources.requests:
         findings.append(finding("no-memory-request", why=outcome.sizing.note))
+    findings += check_page_size(effective, None if nodes is None else sizing.eligible_nodes(effective, nodes)[0])
     findings += check_pod_fields(effective, outcome.sizing, compare_memory=not memory)
     findings += check_env(effective, name)
     if not outcome.errors:  # the pod renders: what podTemplate would change in it

@@ -36,7 +36,7 @@ NOT_HELD = frozenset({"retry", "spec"})  # the retry itself, and a new spec (whi
 class Request:
     """What a trigger asks of a reconcile."""
 
-    trigger: str  # metrics label and log text: spec, resume, resync, pod, endpointslice, swap, drained, node, master, retry
+    trigger: str  # metrics label and log text: spec, resume, resync, pod, endpointslice, swap, drained, node, master, storage, router, retry
     apply: bool = False  # render and apply the children (otherwise only refresh status and step a swap)
     urgent: bool = False
     queued_at: float | None = field(default=None, compare=False)  # set by the queue: how long it waited

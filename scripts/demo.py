@@ -3,11 +3,15 @@
   1. start the local control plane (etcd, kube-apiserver, controllers, KWOK) with simulated
      GPU nodes, in its own network namespace;
   2. helm install the operator chart (the operator pod runs as a real process);
-  3. kubectl apply a bundled-runtime HiCacheDeployment (2 pods, each a real runtime process);
-  4. send multi-turn traffic to the client Service (SGLang's cache-aware router in front of the
-     pods) and print per-tier cache hits;
-  5. swap the L3 backend live (none -> file) under that traffic, with progress;
-  6. show per-tier hits after the swap, the failed-request count (0) and `kubectl get` output.
+  3. kubectl apply a bundled-runtime HiCacheDeployment (2 pods, each a real runtime process)
+     whose L1 is smaller than the conversations' working set and whose L2 holds it, with a
+     ReadWriteMany claim mounted for L3 (tests/e2e/tiers.py);
+  4. returning conversations through the client Service (SGLang's cache-aware router in front of
+     the pods): the first round is cold, later rounds are served from L2 (and L1);
+  5. swap the L3 backend live (none -> file on the shared claim) under traffic, with progress;
+  6. a second pod served from L3 with prompts only the first pod has seen; the failed-request
+     count (0) and `kubectl get` output. It exits non-zero if a request failed or L2 or L3 served
+     nothing.
 
 Run through scripts/demo.sh (which sets up first); `scripts/demo.sh down` removes it all.
 """
@@ -83,21 +87,20 @@ def columns() -> str:
             f"phase {(s.get('backendSwap') or {}).get('phase', '-')}")
 
 
-def traffic(seconds: float, label: str) -> dict:
-    from kubernetes import config
-    from tests.e2e.gateway import Gateway
-    api = config.new_client_from_config()
-    gw = Gateway(api, NS, NAME, concurrency=3, turns=4).start()
-    time.sleep(seconds)
-    summary = gw.stop().summary()
-    tiers = summary["cached_tokens_by_tier"]
-    print(f"   {label}: {summary['requests']} requests, {summary['failed']} failed, through "
-          f"{summary['endpoints']} endpoint(s) of the client Service; cached tokens by tier: device(L1)={tiers.get('device', 0)} "
-          f"host(L2)={tiers.get('host', 0)} storage(L3)={tiers.get('storage', 0)}", flush=True)
-    return summary
+def ready_ips(kind: str, selector: str) -> list[str]:
+    """Ready endpoint addresses of a Service (kind "svc": ``selector`` is its name) or pod IPs."""
+    if kind == "svc":
+        slices = json.loads(kubectl("get", "endpointslices", "-n", NS, "-l",
+                                    f"kubernetes.io/service-name={selector}", "-o", "json"))["items"]
+        return sorted({a for s in slices for e in s.get("endpoints") or []
+                       if (e.get("conditions") or {}).get("ready") for a in e.get("addresses") or []})
+    pods = json.loads(kubectl("get", "pods", "-n", NS, "-l", selector, "-o", "json"))["items"]
+    return [p["status"]["podIP"] for p in sorted(pods, key=lambda p: p["metadata"]["name"])]
 
 
 def inside() -> int:
+    from tests.e2e import tiers
+
     say("installing the operator with helm (its pod runs as a real local process)")
     kubectl("create", "namespace", "hicache-system", check=False)
     sh("helm", "upgrade", "--install", "hicache-operator", str(REPO / "charts" / "hicache-operator"),
@@ -105,30 +108,27 @@ def inside() -> int:
        "--timeout", "5m")
     print(kubectl("get", "pods", "-n", "hicache-system", "-o", "wide"))
 
-    say("applying a bundled-runtime HiCacheDeployment (2 pods, L1 + L2)")
+    say("applying a bundled-runtime HiCacheDeployment: 2 pods, L1 768 tokens, L2 4x that, a shared claim for L3")
     print("   model: the embedded default checkpoint, a LlamaForCausalLM with real KV geometry (16 layers,\n"
           "   8 KV heads x 128, ~247 M parameters, bfloat16) and RANDOM weights with a locally trained\n"
           "   tokenizer: it runs like a real model and its text is meaningless. Point spec.model at a\n"
           "   Hugging Face checkpoint directory to serve a real one.", flush=True)
     kubectl("create", "namespace", NS, check=False)
     import yaml
-    doc = yaml.safe_load((REPO / "manifests" / "samples" / "bundled-minimal.yaml").read_text())
-    doc["metadata"]["namespace"] = NS
-    doc["spec"].update(replicas=2, pageSize=4)
-    doc["spec"].setdefault("hicache", {})["memLayout"] = "page_first"
-    subprocess.run(["kubectl", "apply", "-f", "-"], input=yaml.safe_dump(doc), text=True, check=True)
+    l3 = WORKDIR / "l3"
+    docs = [*tiers.shared_volume(NS, "l3", l3), tiers.fleet(NAME, NS, "l3", l3)]
+    subprocess.run(["kubectl", "apply", "-f", "-"], input=yaml.safe_dump_all(docs), text=True, check=True)
     wait(lambda: hcd().get("status", {}).get("readyReplicas") == 2, "2 pods ready", timeout=600, show=columns)
+    router = ready_ips("svc", NAME)[0]
 
-    say("multi-turn traffic to the client Service, i.e. through the router (only ready endpoints, no retries)")
-    before = traffic(20, "L1+L2")
+    say("returning conversations through the client Service (the router): 6 documents of ~220 tokens, "
+        "3 rounds; L1 holds about 3 of them, L2 all")
+    rounds = tiers.returning_conversations(router)
+    for r, t in enumerate(rounds):
+        print(f"   round {r + 1}{' (cold)' if r == 0 else ''}: {t.line()}", flush=True)
 
-    say("live backend swap: none -> file (prefetch wait_complete), while traffic keeps flowing")
-    l3 = WORKDIR / "l3-file"
-    kubectl("patch", "hcd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(
-        {"spec": {"hicache": {"storage": {"backend": "file", "prefetchPolicy": "wait_complete",
-                                          "extraConfig": {"file_storage_path": str(l3),
-                                                          # the demo's prompts are ~100 tokens: fetch from 16 up
-                                                          "prefetch_threshold": 16}}}}}))
+    say("live backend swap: none -> file on the shared claim (prefetch wait_complete), under traffic")
+    kubectl("patch", "hcd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(tiers.file_l3(l3)))
     from kubernetes import config
     from tests.e2e.gateway import Gateway
     gw = Gateway(config.new_client_from_config(), NS, NAME, concurrency=3).start()
@@ -140,18 +140,22 @@ def inside() -> int:
     during = gw.stop().summary()
     print(f"   during the swap: {during['requests']} requests, {during['failed']} failed", flush=True)
 
-    say("traffic after the swap: L1+L2 on each pod, L3 (file) behind them; the router keeps each "
-        "conversation on the pod that holds its prefix")
-    after = traffic(25, "L1+L2+L3(file)")
+    first, second = ready_ips("pod", f"app.kubernetes.io/instance={NAME},app.kubernetes.io/name=hicache")[:2]
+    say(f"L3 shared by the pods: 4 new prompts to one pod ({first}), then to the other ({second}), which never saw them")
+    a, b = tiers.second_pod(first, second)
+    print(f"   first pod:  {a.line()}\n   second pod: {b.line()}", flush=True)
 
     say("kubectl get")
-    print(kubectl("get", "hicachedeployments", "-A"))
+    print(kubectl("get", "hicachedeployments", "-A", "-o", "wide"))
     print(kubectl("get", "pods,svc,endpointslices", "-n", NS, "-o", "wide"))
     print(kubectl("get", "events", "-n", NS, "--field-selector", f"involvedObject.name={NAME}",
                   "--sort-by=.lastTimestamp"))
-    failed = before["failed"] + during["failed"] + after["failed"]
-    say(f"done: {failed} failed requests. `scripts/demo.sh down` removes the cluster.")
-    return 1 if failed else 0
+    failed = sum(t.failed for t in rounds) + during["failed"] + a.failed + b.failed
+    host = sum(t.tokens.get("host", 0) for t in rounds[1:])
+    storage = b.tokens.get("storage", 0)
+    say(f"done: {failed} failed requests; L2 served {host} tokens to returning conversations, L3 served "
+        f"{storage} tokens to the second pod. `scripts/demo.sh down` removes the cluster.")
+    return 1 if failed or not host or not storage else 0
 
 
 def main() -> int:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The local demo. Sets up what is missing (idempotent), then runs scripts/demo.py:
 # a local control plane with simulated GPU nodes, the operator installed with helm,
-# a bundled-runtime fleet, multi-turn traffic with per-tier cache hits, and a live
-# L3 backend swap under load.
+# a bundled-runtime fleet whose L1 is smaller than its traffic, returning conversations
+# served from L2, a live L3 backend swap under load, and a pod served from the shared L3.
 #   scripts/demo.sh          run it (warm: a few minutes)
 #   scripts/demo.sh down     stop the demo cluster and remove its network namespace
 set -euo pipefail

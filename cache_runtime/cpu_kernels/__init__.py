@@ -6,18 +6,23 @@ straight from the paged L1 pool through its slot indices (GQA, and MLA's latent 
 ``add_rms_norm``, ``silu_mul`` and ``rope_store`` fuse the elementwise steps around them, rounding
 where torch's op sequence rounds (a decode step is otherwise dozens of tiny torch ops);
 ``decode_stack`` runs every layer of a Llama-family decoder over a batch of decoding rows in one
-call (ten ops a layer from Python cost about a fifth of a batch-1 step in call overhead). The
+call (ten ops a layer from Python cost about a fifth of a batch-1 step in call overhead). Which
+batch sizes run natively is measured at load (``calibrate``): torch's own GEMM wins from some
+number of rows on, a number that depends on the CPU (AVX512-BF16, AMX) and the shapes. The
 library (``python cache_runtime/cpu_kernels/build.py``, run by scripts/setup.sh) picks the widest
 variant the CPU runs: AVX-512, else AVX2+FMA+F16C. Without the library, on a CPU without AVX2,
 on CUDA tensors, or with ``HICACHE_CPU_KERNELS=0``, every op runs on torch instead.
-``HICACHE_CPU_KERNELS_LIBRARY`` loads the library from another path (an image's fixed one).
+``HICACHE_CPU_KERNELS_LIBRARY`` loads the library from another path (an image's fixed one);
+``HICACHE_CPU_KERNELS_VARIANT`` picks a narrower variant (``avx2``: as on an AVX2-only CPU).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -28,14 +33,15 @@ log = logging.getLogger(__name__)
 
 # dtype codes of common.h
 _CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-# Rows up to which ``linear`` runs natively. float32: a decode batch; above it torch's float32 GEMM
-# (MKL) does more multiply-adds per cycle. bf16 and fp16: every batch, prefill chunks included:
-# torch's own GEMM for them is several times slower than this one on CPUs without AVX512-BF16;
-# where the CPU has it (twice the multiply-adds per instruction of the float32 FMAs here), torch
-# takes bf16 batches above 2 rows.
-LINEAR_MAX_ROWS = 16
-LINEAR_MAX_ROWS_HALF = 1 << 62
-LINEAR_MAX_ROWS_BF16_AVX512BF16 = 2
+# Rows up to which ``linear`` runs natively, per dtype, until ``calibrate`` measures them on the
+# model's own weights. float32: a decode batch; above it torch's float32 GEMM (MKL) does more
+# multiply-adds per cycle. bf16 and fp16: every batch, prefill chunks included, as on CPUs without
+# AVX512-BF16/AMX, where torch's own GEMM for them is several times slower than this one; where the
+# CPU has them, torch's bf16 GEMM wins from a few rows on, by how many depends on the shapes.
+UNBOUNDED = 1 << 62
+DEFAULT_MAX_ROWS = {torch.float32: 16, torch.float16: UNBOUNDED, torch.bfloat16: UNBOUNDED}
+CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
+_max_rows = dict(DEFAULT_MAX_ROWS)
 
 _vp, _l, _i, _f = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
@@ -74,19 +80,77 @@ def _load() -> ctypes.CDLL | None:
     lib.hc_decode_stack.restype = None
     if lib.hc_select(b"") != 0:
         return None  # no AVX2+FMA+F16C: nothing here runs on this CPU
-    lib.hc_has_avx512bf16.restype = ctypes.c_int
+    forced = os.environ.get("HICACHE_CPU_KERNELS_VARIANT", "")
+    if forced and lib.hc_select(forced.encode()) != 0:
+        log.warning("HICACHE_CPU_KERNELS_VARIANT=%s does not run here (have: %s): using %s", forced,
+                    lib.hc_variants().decode(), lib.hc_active().decode())
     return lib
 
 
 _loaded = _load()
 _lib = _loaded  # None while the native ops are off
-_AVX512BF16 = bool(_loaded is not None and _loaded.hc_has_avx512bf16())
 
 
 def linear_max_rows(dtype: torch.dtype) -> int:
-    if dtype == torch.float32:
-        return LINEAR_MAX_ROWS
-    return LINEAR_MAX_ROWS_BF16_AVX512BF16 if dtype == torch.bfloat16 and _AVX512BF16 else LINEAR_MAX_ROWS_HALF
+    """Rows up to which ``linear`` (and the decoder stack) run natively for ``dtype``."""
+    return _max_rows.get(dtype, 0)
+
+
+def set_linear_max_rows(limits: dict[torch.dtype, int]) -> None:
+    """Pins the native row limits (tests pin the dispatch they check; ``calibrate`` sets measured ones)."""
+    _max_rows.update(limits)
+
+
+def choose_max_rows(native_s: dict[int, float], torch_s: dict[int, float]) -> int:
+    """The row limit from timings per batch size: the limit L whose batches up to L gain most in
+    all, summing log(torch / native) over the measured sizes up to L, so that one noisy size
+    neither ends nor extends the native range; 0 (torch for every batch) when no L gains;
+    ``UNBOUNDED`` when the gain peaks at the largest size measured."""
+    sizes = sorted(native_s)
+    best, limit, gain = 0.0, 0, 0.0
+    for m in sizes:
+        gain += math.log(torch_s[m] / native_s[m])
+        if gain > best:
+            best, limit = gain, m
+    return UNBOUNDED if limit == sizes[-1] and len(sizes) > 1 else limit
+
+
+def calibrate(weights: list[torch.Tensor], rows: tuple[int, ...] = CALIBRATION_ROWS, repeats: int = 5
+              ) -> dict[torch.dtype, int]:
+    """Times the native GEMM against torch's on ``weights`` (one decoder layer's 2-D matrices) at
+    each batch size in ``rows`` and sets the dtype's row limit to what ``choose_max_rows`` picks.
+    ``HICACHE_CPU_LINEAR_MAX_ROWS`` skips the measurement for a reproducible dispatch: ``default``
+    keeps ``DEFAULT_MAX_ROWS``, a number N pins N rows for every dtype. Returns the limits in force;
+    nothing is measured while the native ops are off."""
+    pinned = os.environ.get("HICACHE_CPU_LINEAR_MAX_ROWS", "")
+    if pinned:
+        set_linear_max_rows(DEFAULT_MAX_ROWS if pinned == "default" else {dt: int(pinned) for dt in _CODES})
+        return dict(_max_rows)
+    mats = [w for w in weights if w.dim() == 2 and _native(w) and w.is_contiguous()]
+    if not mats:
+        return dict(_max_rows)
+    dtype = mats[0].dtype
+    mats = [w for w in mats if w.dtype == dtype]
+    gen = torch.Generator().manual_seed(0)
+    inputs = {m: [torch.randn(m, w.shape[1], generator=gen).to(dtype) for w in mats] for m in rows}
+    paths = {"native": lambda xs: [_native_linear(x, w, None) for x, w in zip(xs, mats)],
+             "torch": lambda xs: [F.linear(x, w) for x, w in zip(xs, mats)]}
+    best = {(p, m): float("inf") for p in paths for m in rows}
+    for r in range(repeats + 1):  # round 0 warms up (first touch, torch's kernel choice)
+        for m in rows:  # interleaved, best of the rounds: other work on the cores hits both paths alike
+            for p, run in paths.items():
+                t0 = time.perf_counter()
+                run(inputs[m])
+                if r:
+                    best[p, m] = min(best[p, m], time.perf_counter() - t0)
+    native_s, torch_s = ({m: best[p, m] for m in rows} for p in paths)
+    limit = choose_max_rows(native_s, torch_s)
+    set_linear_max_rows({dtype: limit})
+    log.info("CPU GEMM calibrated for %s on %d matrices (variant %s): native up to %s rows; torch/native time "
+             "per rows %s", str(dtype).removeprefix("torch."), len(mats), variant(),
+             "any number of" if limit == UNBOUNDED else limit,
+             {m: round(torch_s[m] / native_s[m], 2) for m in rows})
+    return dict(_max_rows)
 
 
 def variant() -> str | None:
@@ -120,7 +184,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     if (not _native(x) or x.dim() != 2 or m == 0 or m > linear_max_rows(x.dtype) or w.dtype != x.dtype
             or (bias is not None and bias.dtype != x.dtype) or x.stride(1) != 1 or not w.is_contiguous()):
         return F.linear(x, w, bias)
-    n, k = w.shape
+    return _native_linear(x, w, bias)
+
+
+def _native_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    m, (n, k) = x.shape[0], w.shape
     y = x.new_empty(m, n)
     _lib.hc_linear(x.data_ptr(), m, k, x.stride(0), w.data_ptr(), n, k, bias.data_ptr() if bias is not None else None,
                    y.data_ptr(), n, _CODES[x.dtype], torch.get_num_threads())

@@ -55,13 +55,6 @@ int hc_select(const char* name) {
 
 const char* hc_active() { return active ? active->name : ""; }
 
-// Whether the CPU has AVX512-BF16, with which torch's own bf16 GEMM does twice the multiply-adds
-// per instruction that the float32 FMAs here do.
-int hc_has_avx512bf16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16");
-}
-
 void hc_linear(const void* x, long m, long k, long ldx, const void* w, long n, long ldw, const void* bias, void* y,
                long ldy, int dt, int threads) {
   active->linear(x, m, k, ldx, w, n, ldw, bias, y, ldy, dt, threads);

@@ -107,6 +107,10 @@ class CausalLM:
         else:
             self.lm_head = w.get("lm_head.weight", shape, dt, dev)
 
+    def layer_matrices(self) -> list[torch.Tensor]:
+        """One decoder layer's 2-D weights: the GEMM shapes of a step, for ``cpu_kernels.calibrate``."""
+        return [t for t in vars(self.layers[0]).values() if isinstance(t, torch.Tensor) and t.dim() == 2]
+
     def forward(self, batch: ForwardBatch, k_pool: list[torch.Tensor], v_pool: list[torch.Tensor] | None
                 ) -> torch.Tensor:
         """Runs the new tokens, writing their K/V into the pool; float32 last-token logits of seqs that want them."""

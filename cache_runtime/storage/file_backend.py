@@ -4,7 +4,10 @@ File name, SGLang's own:
 ``<key>_<model with '/' -> '-'>[_<tp_rank>_<tp_size> unless MLA][_<pp_size>_<pp_rank> if pp>1].bin``,
 so several models and ranks share one directory and SGLang and this runtime find each other's
 pages. Directory, in SGLang's order: env ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``,
-else extra_config ``file_storage_path``, else ``/tmp/hicache``.
+else extra_config ``file_storage_path``, else ``/tmp/hicache``. Page bytes are in host-layout order and
+the name does not say which layout, dtype or page size wrote them: the operator gives both engines a
+``file_storage_path`` ending in the page-format namespace (``hicache_operator/rollout/storage_config.py``),
+so pods of another format look in another directory.
 
 What a page file may hold, and how a read decides (the caller states the page size it expects,
 as a target tensor or ``target_sizes``):
@@ -12,7 +15,8 @@ as a target tensor or ``target_sizes``):
 - exactly the page bytes: how SGLang writes. Served when the file size equals the expected size,
   which only a whole page reaches: SGLang 0.5.21 and later publish a page by renaming a complete
   temp file, 0.5.9 writes it in place, front to back. Its content cannot be checked further
-  (SGLang stores no checksum).
+  (SGLang's format has no checksum): a flipped bit in such a page is served, the documented limit
+  (counted as ``bare_page_hits``).
 - the page bytes plus this runtime's 16-byte trailer (``page_trailer.py``: length + CRC-32):
   served when the trailer's length is the expected size and the CRC matches. SGLang reads these
   files too: it reads exactly the page size from offset 0 and never looks at the trailer.

@@ -14,35 +14,46 @@ import os
 import re
 import threading
 from collections import OrderedDict
+from decimal import Decimal
 
 log = logging.getLogger(__name__)
 
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# SGLang's human_readable_int (utils/common.py): suffixes are case-sensitive; SI ones take decimals.
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+
+
+def _human_readable_int(text: str) -> int | None:
+    m = _SIZE.fullmatch(text)
+    if m:
+        number, suffix = m.groups()
+        if suffix in _IEC:
+            return None if "." in number else int(number) * _IEC[suffix]
+        return int(Decimal(number) * _SI[suffix])
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def parse_size(value, what: str) -> int:
-    """Bytes from an int or SGLang's human-readable form: '10k'/'2g' are powers of 10, '10K'/'2G' powers of 2."""
-    if value is None or value == "":
+    """Bytes as SGLang's file backend reads a size (``lru_file_evictor._parse_size_to_bytes``): a
+    number as is; a string of bytes, or SI ('200G' = 200e9, '1.5G') or IEC ('200Gi' = 200 x 2**30)
+    suffixed, case-sensitive. Negative, unset, '0' and unreadable (e.g. '200g', '10K', '1.5Gi') are
+    0: no bound, as in SGLang (the operator refuses the unreadable ones at apply time)."""
+    if value is None:
         return 0
-    if isinstance(value, bool):
-        raise ValueError(f"{what} must be a size, got {value!r}")
     if isinstance(value, (int, float)):
-        size = int(value)
-    else:
-        text = str(value).strip()
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
-        if m and m.group(2) in _DECIMAL:
-            size = int(float(m.group(1)) * _DECIMAL[m.group(2)])
-        elif m and "." not in m.group(1):
-            size = int(m.group(1)) * _BINARY[m.group(2)]
-        elif re.fullmatch(r"\d+", text):
-            size = int(text)
-        else:
-            raise ValueError(f"{what}: cannot parse size {value!r} (use bytes, or e.g. '200G', '500m')")
-    if size < 0:
-        raise ValueError(f"{what} must be >= 0, got {value!r}")
-    return size
+        return max(0, int(value))
+    text = str(value).strip()
+    if not text or text == "0":
+        return 0
+    size = _human_readable_int(text)
+    if size is None:
+        log.warning("file backend: invalid size %r for %s; disabling it", value, what)
+        return 0
+    return max(0, size)
 
 
 def _setting(extra: dict, key: str, env: str):

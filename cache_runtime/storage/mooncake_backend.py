@@ -7,6 +7,16 @@ the page hash, then the rank part. MHA pages are two objects, ``..._{tp_rank}_k`
 page bytes (SGLang's zero-copy K and V regions of a host page); MLA pages are one object
 ``{hash}__k`` (an empty rank part; with PP ``{hash}_{pp_rank}_k``).
 
+Checksums: with every page it stores, this runtime puts one more object, ``..._{rank part}_crc``:
+``page_trailer``'s 16 bytes (length + CRC-32 of the whole page, K then V, seeded with the page's
+``_k`` key). A read fetches it with the page in the same batch call; a page whose check object is
+there but does not match (a flipped bit, a truncated or foreign object, halves from two writers)
+is a miss. SGLang never reads or writes these objects (it reads only ``_k`` / ``_v`` and wipes
+them with the rest), so it still reads this runtime's pages. Its own pages have no check object,
+nor has a page whose check object the store evicted: those are served unverified (counted as
+``unverified_hits``), since a missing check object cannot be told from an SGLang page. Only a page
+this runtime wrote whole is given one, never a page whose halves another writer stored.
+
 Data moves with Mooncake's zero-copy batch calls (``batch_put_from`` / ``batch_get_into``).
 Memory must be registered with the store for that: the engine registers its L2 pool once with
 :meth:`register_buffer` (as SGLang does); any other tensor is registered for the duration of
@@ -41,6 +51,7 @@ from contextlib import contextmanager
 
 import torch
 
+from cache_runtime.storage import page_trailer
 from cache_runtime.storage.base import (
     HiCacheStorage,
     HiCacheStorageConfig,
@@ -54,6 +65,7 @@ from cache_runtime.storage.mooncake_config import load_mooncake_config
 log = logging.getLogger(__name__)
 
 RPC_FAIL = -900  # mooncake ErrorCode::RPC_FAIL: the master did not answer
+OBJECT_NOT_FOUND = -704  # mooncake ErrorCode::OBJECT_NOT_FOUND
 _WARMUP_BYTES = 4096
 _PROBE_KEY = "hicache_probe"
 
@@ -240,6 +252,11 @@ class MooncakeStore(HiCacheStorage):
             return [f"{base}_{self._rank_part}_k"]
         return [f"{base}_{self._rank_part}_k", f"{base}_{self._rank_part}_v"]
 
+    @staticmethod
+    def _check_key(object_keys: list[str]) -> str:
+        """The check object of the page whose data objects are ``object_keys`` (``..._k`` first)."""
+        return object_keys[0][: -len("_k")] + "_crc"
+
     def _split(self, page: torch.Tensor, key: str) -> list[torch.Tensor]:
         if self._mla:
             return [page]
@@ -301,13 +318,18 @@ class MooncakeStore(HiCacheStorage):
                     size = sum(sizes) if all(s > 0 for s in sizes) and len(set(sizes)) == 1 else 0
                 pages.append(torch.empty(size, dtype=torch.uint8))
         ok = [p.numel() > 0 and (self._mla or p.numel() % 2 == 0) for p in pages]
+        wanted = [i for i in range(len(keys)) if ok[i]]
+        checks = torch.empty((len(wanted), page_trailer.TRAILER_SIZE), dtype=torch.uint8)
         flat_keys, parts, owner = [], [], []
-        for i, (ks, page) in enumerate(zip(obj_keys, pages)):
-            if ok[i]:
-                for k, part in zip(ks, self._split(page, keys[i])):
-                    flat_keys.append(k)
-                    parts.append(part)
-                    owner.append(i)
+        for i in wanted:
+            for k, part in zip(obj_keys[i], self._split(pages[i], keys[i])):
+                flat_keys.append(k)
+                parts.append(part)
+                owner.append(i)
+        for row, i in enumerate(wanted):
+            flat_keys.append(self._check_key(obj_keys[i]))
+            parts.append(checks[row])
+        check_size = [OBJECT_NOT_FOUND] * len(keys)
         if flat_keys:
             with self._memory_for(parts) as usable:
                 results = (self._store.batch_get_into(flat_keys, [p.data_ptr() for p in parts],
@@ -317,11 +339,30 @@ class MooncakeStore(HiCacheStorage):
             for i, r, part in zip(owner, results, parts):
                 if r != part.numel():  # missing (<0) or a stored object of another size
                     ok[i] = False
+            for i, r in zip(wanted, results[len(owner):]):
+                check_size[i] = r
+        for row, i in enumerate(wanted):
+            if ok[i] and not self._verified(keys[i], obj_keys[i], pages[i], checks[row], check_size[i]):
+                ok[i] = False
         out = []
         for i, page in enumerate(pages):
             self._stats["hits" if ok[i] else "misses"] += 1
             out.append((page if target_locations is None else target_locations[i]) if ok[i] else None)
         return out
+
+    def _verified(self, key: str, object_keys: list[str], page: torch.Tensor, check: torch.Tensor,
+                  check_size: int) -> bool:
+        """Whether a page read whole may be served: its check object matches, or it has none."""
+        if check_size == OBJECT_NOT_FOUND:  # none stored: SGLang's page, or the check object was evicted
+            self._stats["unverified_hits"] += 1
+            return True
+        trailer = check.numpy().tobytes()
+        if check_size == page_trailer.TRAILER_SIZE and page_trailer.verify(trailer, object_keys[0],
+                                                                             memoryview(page.numpy())):
+            return True
+        log.warning("mooncake backend: page %s fails its checksum; treating it as a miss", key)
+        self._stats["unusable_pages"] += 1
+        return False
 
     def get(self, key, target_location=None, target_sizes=None):
         return self.batch_get([key], None if target_location is None else [target_location],
@@ -350,18 +391,32 @@ class MooncakeStore(HiCacheStorage):
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
         """Puts only the objects not in the store yet, as SGLang does: an existing object (a whole page, or
         the surviving half of one, whoever wrote it) is never replaced, and ``batch_put_from`` itself
-        leaves an object that another writer put meanwhile as it is."""
+        leaves an object that another writer put meanwhile as it is. A page none of whose data objects
+        (nor a check object) is there yet also gets its check object."""
         tensors = values_from(keys, values, target_locations)
         pages = [as_byte_view(t, "value") for t in tensors]
         split = [self._split(p, k) for p, k in zip(pages, keys)]
         self._guard()
-        flags = self._exist_flags(list(keys))
-        put_keys, parts = [], []
-        for ks, page_parts, page_flags in zip((self._object_keys(k) for k in keys), split, flags):
+        obj_keys = [self._object_keys(k) for k in keys]
+        check_keys = [self._check_key(ks) for ks in obj_keys]
+        flat = [k for ks in obj_keys for k in ks]
+        found = list(self._store.batch_is_exist(flat + check_keys)) if flat else []
+        self._check_rpc(found)
+        per = len(obj_keys[0]) if obj_keys else 1
+        flags = [found[i * per : (i + 1) * per] for i in range(len(keys))]
+        put_keys, parts, check_keys_put, check_rows = [], [], [], []
+        for i, (ks, page_parts, page_flags) in enumerate(zip(obj_keys, split, flags)):
             for k, part, flag in zip(ks, page_parts, page_flags):
                 if flag != 1:
                     put_keys.append(k)
                     parts.append(part)
+            if all(f != 1 for f in page_flags) and found[len(flat) + i] != 1:
+                check_keys_put.append(check_keys[i])
+                check_rows.append(page_trailer.make_trailer(ks[0], memoryview(pages[i].numpy())))
+        if check_rows:
+            checks = torch.frombuffer(bytearray(b"".join(check_rows)), dtype=torch.uint8)
+            put_keys += check_keys_put
+            parts += list(checks.view(len(check_rows), page_trailer.TRAILER_SIZE))
         self._stats["writes_skipped_existing"] += sum(all(f == 1 for f in fl) for fl in flags)
         if not put_keys:
             return True
@@ -370,9 +425,12 @@ class MooncakeStore(HiCacheStorage):
                                                   [p.numel() for p in parts])
                        if usable else [-1] * len(parts))
         self._check_rpc(results)
-        failed = sum(1 for r in results if r != 0)
+        data = len(put_keys) - len(check_rows)
+        failed = sum(1 for r in results[:data] if r != 0)
         self._stats["write_failures"] += failed
-        self._stats["writes"] += len(results) - failed
+        self._stats["writes"] += data - failed
+        # a check object that did not land leaves its page unverified, not wrong: the page still counts
+        self._stats["check_write_failures"] += sum(1 for r in results[data:] if r != 0)
         return failed == 0
 
     def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:
@@ -387,7 +445,7 @@ class MooncakeStore(HiCacheStorage):
         """Remove this model's and rank's page objects (this prefix and rank part); SGLang wipes the whole store."""
         self._guard()
         prefix = "" if self._prefix is None else re.escape(self._prefix) + "_"
-        halves = "k" if self._mla else "[kv]"
+        halves = "(k|crc)" if self._mla else "(k|v|crc)"
         removed = self._store.remove_by_regex(f"^{prefix}[0-9a-f]{{64}}_{re.escape(self._rank_part)}_{halves}$", True)
         self._check_rpc([removed])
         log.info("mooncake backend: cleared %s objects", removed)

@@ -72,17 +72,26 @@ def _endpoints(address: str) -> list[tuple[str, int]]:
 
 
 def parse_segment_size(value, what: str = "global_segment_size") -> int:
-    """Bytes from an int or a string: plain bytes or SGLang's ``"<N>gb"`` (GiB)."""
+    """Bytes as SGLang's Mooncake backend reads a size (``mooncake_store._parse_global_segment_size``):
+    an int as is, a float truncated, a string of bytes or ``"<N>gb"`` (N GiB, any case). Strings it
+    cannot read ('64G', '64GiB', '1.5gb') raise, as they make SGLang fail at start; so do negative
+    sizes and booleans, which no store can lend."""
     if isinstance(value, bool):
         raise ValueError(f"{what} must be a byte count, got {value!r}")
-    if isinstance(value, int):
-        size = value
-    else:
-        text = str(value).strip().lower()
-        try:
-            size = int(text[:-2].strip()) * 1024**3 if text.endswith("gb") else int(text)
-        except ValueError as exc:
-            raise ValueError(f"{what}: cannot parse {value!r} (bytes, or e.g. '4gb')") from exc
+    try:
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text.endswith("gb"):
+                number = text[:-2].strip()
+                if not number:
+                    raise ValueError("missing number before 'gb'")
+                size = int(number) * 1024**3
+            else:
+                size = int(text)
+        else:
+            size = int(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: cannot parse {value!r} (bytes, or '<N>gb' for N GiB, e.g. '4gb')") from exc
     if size < 0:
         raise ValueError(f"{what} must be >= 0, got {value!r}")
     return size

@@ -1,4 +1,7 @@
-"""Integrity trailer appended to every page file this runtime writes, so damage reads as a miss, never as wrong KV.
+"""Integrity trailer of every page this runtime writes, so damage reads as a miss, never as wrong KV.
+
+The file backend appends it to each page file; the Mooncake backend stores it as the page's
+``_crc`` object (``mooncake_backend.py``).
 
 Layout (16 bytes, little-endian) after the raw page bytes::
 

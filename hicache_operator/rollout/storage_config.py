@@ -12,6 +12,13 @@ the same host). Each pod gets ``MOONCAKE_LOCAL_HOSTNAME`` from the downward
 API, so a target carrying ``local_hostname`` is refused, and a hostname that a
 runtime reports (e.g. from its command line) is ignored when comparing and
 stripped before it could ever be sent back in a rollback.
+
+Page namespaces: :func:`with_page_namespace` puts a fleet's L3 pages under a
+name that says their byte format (:func:`page_namespace`),
+through what both engines read: the file backend's ``file_storage_path``
+gets a sub-directory, Mooncake's ``extra_backend_tag`` a suffix (a tag the
+user set stays in front). A fleet whose layout, dtype, page size or split
+changes then finds none of the old pages instead of reading them as wrong KV.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ WritePolicy = Literal["write_back", "write_through", "write_through_selective"]
 HOSTNAME_KEYS = frozenset({"local_hostname"})
 
 _MESSAGE_LIMIT = 300
+
+#: Where both engines' file backend puts pages when nothing names a directory.
+FILE_DEFAULT_DIR = "/tmp/hicache"
 
 
 def hostname_paths(value: Any, path: str = "") -> list[str]:
@@ -120,6 +130,49 @@ class StorageConfig(BaseModel):
         if self.extra_config:
             parts.append(f"extra={_canonical_json(self.extra_config)}")
         return clip_message(f"{self.backend} ({', '.join(parts)})")
+
+
+# Page byte order of each host layout (the runtime's ``HostPool.page_view``, SGLang's
+# ``get_data_page``): layer_first and page_first_direct flatten a page as (2, layers, tokens,
+# heads, dim), page_first as (2, tokens, layers, heads, dim).
+_PAGE_ORDER = {"layer_first": "lp", "page_first_direct": "lp", "page_first": "pl"}
+
+
+def page_namespace(mem_layout: str, kv_dtype: str, page_size: int, tp_size: int, pp_size: int = 1,
+                   attn_dp_size: int = 1) -> str:
+    """Name of the L3 namespace whose pages share one byte format, e.g. ``kv-lp-bfloat16-p16-tp2``.
+
+    Everything that changes what a page's bytes mean and that neither engine puts in its file
+    names or Mooncake keys by itself: the host layout's byte order, the KV dtype, the page size,
+    the tensor / pipeline / attention-DP split (Mooncake keys carry a rank, not the sizes). Two
+    configurations share a namespace only if their pages are byte-compatible."""
+    if mem_layout not in _PAGE_ORDER:
+        raise ValueError(f"unknown host layout {mem_layout!r}; known: {', '.join(_PAGE_ORDER)}")
+    if not kv_dtype or not all(c.isalnum() or c == "_" for c in kv_dtype):
+        raise ValueError(f"kv dtype must be a plain name, got {kv_dtype!r}")
+    for what, n in (("page_size", page_size), ("tp_size", tp_size), ("pp_size", pp_size),
+                    ("attn_dp_size", attn_dp_size)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{what} must be a positive integer, got {n!r}")
+    name = f"kv-{_PAGE_ORDER[mem_layout]}-{kv_dtype}-p{page_size}-tp{tp_size}"
+    if pp_size > 1:
+        name += f"-pp{pp_size}"
+    if attn_dp_size > 1:
+        name += f"-dp{attn_dp_size}"
+    return name
+
+
+def with_page_namespace(backend: str, extra_config: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    """``extra_config`` with the page namespace applied for ``backend`` (file, mooncake); other
+    backends' keys are their own, so their config is returned unchanged."""
+    extra = dict(extra_config)
+    if backend == "file":
+        base = str(extra.get("file_storage_path") or FILE_DEFAULT_DIR).rstrip("/") or "/"
+        extra["file_storage_path"] = f"{base.rstrip('/')}/{namespace}"
+    elif backend == "mooncake":
+        tag = extra.get("extra_backend_tag")
+        extra["extra_backend_tag"] = namespace if tag is None else f"{tag}_{namespace}"
+    return extra
 
 
 def as_storage_config(cfg: StorageConfig | Mapping[str, Any]) -> StorageConfig:

@@ -18,6 +18,7 @@ from hicache_operator import engine_versions
 from tests.e2e.gateway import Gateway
 from tests.e2e.helpers import (condition, kget, l3_hit_across_pods, skip_without_pod_network_or_mooncake,
                                start_operator, wait_for)
+from tests.support import gate_probes
 from tests.support.mooncake import free_port, start_master
 
 pytestmark = pytest.mark.e2e
@@ -229,12 +230,24 @@ def test_sglang_engine_swap_through_sglang_api_only(env):
     pod = pods(env, name)[0]
     assert pod["spec"]["containers"][0]["command"] == ["python", "-m", "sglang.launch_server"]
     ip = pod["status"]["podIP"]
-    # clients need the generated key: SGLang would answer /server_info (admin key included) to anyone
+    # clients hold the generated clients' key, which only the router's gate takes: SGLang answers
+    # /server_info (admin key included) to any holder of the pods' key
     secret = kget(c, "secret", f"{name}-api", "-n", env["ns"])
     api_key = base64.b64decode(secret["data"]["api-key"]).decode()
-    assert httpx.get(f"http://{ip}:30000/server_info", timeout=5).status_code == 401
+    for key in (None, api_key):
+        r = httpx.get(f"http://{ip}:30000/server_info", timeout=5,
+                      headers={"Authorization": f"Bearer {key}"} if key else {})
+        assert r.status_code == 401, (key is not None, r.status_code)
     wait_for(lambda: (hcd(env, name).get("status") or {}).get("routerReady") == "1/1", timeout=120,
              what="the router ready")
+    admin = admin_key(env, name)
+    front = sorted({a for s in kget(c, "endpointslices", "-n", env["ns"], "-l",
+                                    f"kubernetes.io/service-name={name}")["items"]
+                    for e in s.get("endpoints") or [] for a in e.get("addresses") or []})
+    assert front, "the client Service has no endpoint"
+    for method, path in gate_probes.PROBES:  # every route through the client Service, with the clients' key
+        r = gate_probes.send(f"http://{front[0]}:30000", method, path, api_key)
+        assert admin not in r.text, (method, path, r.status_code)
     gw = Gateway(c.api_client(), env["ns"], name, concurrency=2, api_key=api_key).start()
     try:
         for st, backend in [(storage(env, "file"), "file"), (storage(env, "none"), "none")]:

@@ -109,7 +109,7 @@ def test_two_tp4_pods_pack_on_one_8_gpu_node_each_with_its_share_of_memory(own_c
     assert (s["placement"], s["sizingNode"], s["nodeAllocatableBytes"]) == ("pack", "pack-0", alloc)
     assert (s["podsPerNodeByGpus"], s["podsPerNode"], s["ranksPerPod"], s["ranksPerNode"]) == (2, 2, 4, 8)
     share = alloc * 0.75 - 32 * GIB
-    fixed = s["overheadBytes"] + s["shmBytes"] + s["engineReserveBytes"]
+    fixed = s["overheadBytes"] + s["shmBytes"] + s["engineReserveBytes"] + s["admissionSlackBytes"]
     assert s["budgetPerRankBytes"] == int((share / 2 - fixed) / s["poolMultiplier"])
 
     ps = wait_for(lambda: (lambda p: p if all(x["spec"].get("nodeName") for x in p) else None)(

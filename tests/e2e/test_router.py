@@ -16,6 +16,7 @@ import httpx
 import pytest
 from kubernetes import client
 
+from hicache_operator.flags import ROUTER_API_PORT
 from hicache_operator.rollout.act.router_client import ADD_SECONDS
 from tests.e2e.gateway import Gateway
 from tests.e2e.helpers import condition, kget, start_operator, wait_for
@@ -67,7 +68,8 @@ def url(ip: str) -> str:
 
 
 def workers(ip: str) -> set[str]:
-    return {w["url"] for w in httpx.get(f"{url(ip)}/workers", timeout=5).json()["workers"]}
+    """A router pod's workers, from its own API (the router's port, behind the client gate)."""
+    return {w["url"] for w in httpx.get(f"http://{ip}:{ROUTER_API_PORT}/workers", timeout=5).json()["workers"]}
 
 
 def router_workers(env) -> list[set[str]]:
@@ -212,7 +214,10 @@ def test_the_router_fronts_the_fleet_from_four_replicas(env):
     (router,) = router_pods(env)
     spec = router["spec"]
     assert spec["serviceAccountName"] == f"{NAME}-router"
-    assert spec["containers"][0]["command"] == ["python", "-m", "sglang_router.launch_router"]
+    # the client gate, with the router as its child
+    container = spec["containers"][0]
+    assert container["command"] == ["python", "-m", "hicache_operator.router_gate"]
+    assert container["args"][container["args"].index("--") + 1:][:3] == ["python", "-m", "sglang_router.launch_router"]
     # clients keep the Service name and port: the client Service now selects the router pod
     service = kget(c, "service", NAME, "-n", NS)
     assert service["spec"]["ports"][0]["port"] == 30000

@@ -160,5 +160,16 @@ def mooncake_master(mooncake_env):
     master.log_path.unlink(missing_ok=True)
 
 
+@pytest.fixture(scope="module")
+def mooncake_raw(mooncake_master):
+    """A plain Mooncake client of the module's master: the store as SGLang, another pod or damage sees it."""
+    from mooncake.store import MooncakeDistributedStore
+
+    client = MooncakeDistributedStore()
+    assert client.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", mooncake_master.address) == 0
+    yield client
+    client.close()
+
+
 def start_master(**kwargs) -> MooncakeMaster:
     return MooncakeMaster(**kwargs).start()

@@ -300,7 +300,8 @@ class Swapper:
             async with shared_client() as http:
                 renewed = await asyncio.gather(*(read_pod(http, pod, key) for pod, _ in stale))
             self.views.update(fleet, renewed)
-            return any((new.view.backend, new.view.error) != (old.view.backend, old.view.error)
+            return any((new.view.backend, new.view.error, new.view.storage_unavailable) !=
+                       (old.view.backend, old.view.error, old.view.storage_unavailable)
                        for (_, old), new in zip(stale, renewed))
         future = self._background.submit(asyncio.run, read_all())
         self._renewing[fleet] = future

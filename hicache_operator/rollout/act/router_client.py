@@ -6,7 +6,8 @@
 change. The router checks a new worker (``/health``, ``/server_info``, ``/model_info``) before
 it lists it as healthy; the API key a worker needs travels with it (discovery gives the
 router's ``--api-key`` to the workers it finds itself). A router started with ``--api-key`` also
-wants that key on its own API, so every call carries it.
+wants that key on its own API, so every call carries it. The router listens on ``ROUTER_API_PORT``;
+clients reach it only through its gate (``hicache_operator/router_gate.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 
 import httpx
 
-from hicache_operator.rollout.routing import worker_url
+from hicache_operator.flags import ROUTER_API_PORT
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 POLL_SECONDS = 0.02
@@ -30,7 +31,7 @@ class RouterError(Exception):
 
 class RouterClient:
     def __init__(self, ip: str, http: httpx.AsyncClient, api_key: str | None = None) -> None:
-        self.base = worker_url(ip)  # routers listen on the port the pods do
+        self.base = f"http://{ip}:{ROUTER_API_PORT}"  # the router's own port, behind its client gate
         self.http = http
         self.api_key = api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -6,6 +6,10 @@ comes from ``GET /metrics`` (SGLang's gauges; the sglang engine must run with
 ``--enable-metrics``), which both engines serve. Timeouts are short: the planner re-observes every few seconds, so a
 slow pod is better reported Unreachable than waited on.
 
+The same GET tells whether the pod's L3 store is reachable: the bundled runtime adds
+``hicache_storage_degraded`` (its reason, null while L3 works); SGLang has no such field (nor a
+metric), so its pods report nothing and are never seen as L3-unavailable.
+
 Errors map to a few exception types whose ``retryable`` tells the planner
 (via ``ActionOutcome.failed``) whether another try can help.
 """
@@ -26,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..storage_config import ReportedBackend, clip_message
 
 STORAGE_BACKEND_PATH = "/hicache/storage-backend"
+STORAGE_DEGRADED_FIELD = "hicache_storage_degraded"
 RUNNING_METRIC = "sglang:num_running_reqs"
 QUEUED_METRIC = "sglang:num_queue_reqs"
 DEFAULT_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
@@ -80,13 +85,24 @@ class Load:
 
 
 @dataclass(frozen=True)
+class StorageStatus:
+    """A runtime's ``GET /hicache/storage-backend``: the config it runs, and why its L3 store is
+    unavailable (None: available, or not reported)."""
+
+    backend: ReportedBackend
+    unavailable: str | None = None
+
+
+@dataclass(frozen=True)
 class RuntimeView:
-    """The runtime half of a ``PodObservation``; None where a GET failed."""
+    """The runtime half of a ``PodObservation``; None where a GET failed. ``storage_unavailable``
+    (``StorageStatus.unavailable``) is not the planner's: the status reads it (``views``)."""
 
     backend: ReportedBackend | None
     in_flight: int | None
     queued: int | None
     error: str | None
+    storage_unavailable: str | None = None
 
     def observation_fields(self) -> dict[str, Any]:
         return {"backend": self.backend, "in_flight": self.in_flight, "queued": self.queued,
@@ -122,11 +138,17 @@ class RuntimeClient:
             await self._http.aclose()
 
     async def get_backend(self) -> ReportedBackend:
+        return (await self.storage_status()).backend
+
+    async def storage_status(self) -> StorageStatus:
         response = await self._request("GET", STORAGE_BACKEND_PATH)
         try:
-            return ReportedBackend.from_response(response.json())
+            body = response.json()
+            backend = ReportedBackend.from_response(body)
         except ValueError as exc:
             raise BadResponse(f"GET {STORAGE_BACKEND_PATH}: {clip_message(str(exc))}") from None
+        degraded = body.get(STORAGE_DEGRADED_FIELD)
+        return StorageStatus(backend, clip_message(degraded) if isinstance(degraded, str) and degraded else None)
 
     async def attach(self, payload: dict[str, Any]) -> str:
         """Returns the runtime's success message."""
@@ -155,19 +177,21 @@ class RuntimeClient:
         return Load(in_flight=round(values[0]), queued=round(values[1]))
 
     async def observe(self) -> RuntimeView:
-        """Backend and load fetched together; a runtime that fails either is
+        """Storage status and load fetched together; a runtime that fails either is
         reported in ``error`` rather than raised, so one bad pod never stops
         the operator from seeing the rest."""
-        backend, load = await asyncio.gather(self.get_backend(), self.load(), return_exceptions=True)
-        errors = [r for r in (backend, load) if isinstance(r, BaseException)]
+        storage, load = await asyncio.gather(self.storage_status(), self.load(), return_exceptions=True)
+        errors = [r for r in (storage, load) if isinstance(r, BaseException)]
         for error in errors:
             if not isinstance(error, RuntimeClientError):
                 raise error
+        read = None if isinstance(storage, BaseException) else storage
         return RuntimeView(
-            backend=None if isinstance(backend, BaseException) else backend,
+            backend=read.backend if read else None,
             in_flight=None if isinstance(load, BaseException) else load.in_flight,
             queued=None if isinstance(load, BaseException) else load.queued,
             error="; ".join(str(e) for e in errors) or None,
+            storage_unavailable=read.unavailable if read else None,
         )
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

@@ -10,7 +10,9 @@ pod's readmission and the next pod's drain (about a second for 16 busy pods on 2
   readmitted whose gate is already True (read to verify it just before; what it still waits
   for, its endpoint turning ready, comes from the watch). A pod out of serving for any other
   reason, or new, is read afresh: it may be dead or just started.
-- Only while the pod has the same uid and IP, and only if the last read reached the runtime.
+- Only while the pod has the same uid and IP, and only if the last read reached the runtime
+  and did not report its L3 store unavailable: such a pod is read afresh, since its recovery is
+  what the status waits for (``l3_unavailable``).
 - Re-read after ``refresh_seconds``, stretched by up to 2x per pod (from its uid) so a fleet
   read in one step is not re-read all in one later step.
 
@@ -77,7 +79,8 @@ class ViewCache:
         """The last read of this pod if it may stand in for a new one (the caller has checked
         that the pod is settled)."""
         cached = self._fleets.get(fleet, {}).get(uid)
-        if cached is None or cached.ip != ip or cached.view.backend is None or cached.view.error is not None:
+        if cached is None or cached.ip != ip or cached.view.backend is None or cached.view.error is not None \
+                or cached.view.storage_unavailable is not None:
             return None
         age = (now - cached.observed_at).total_seconds()
         return cached if 0 <= age < self.refresh_seconds * _stretch(uid) else None
@@ -88,6 +91,17 @@ class ViewCache:
         own ``observed_at``, so the planner treats it as stale for any pod it has acted on since."""
         cached = self._fleets.get(fleet, {}).get(uid)
         return cached if cached is not None and cached.ip == ip else None
+
+    def l3_unavailable(self, fleet: Hashable, pods: list[dict]) -> dict[str, str]:
+        """Pod name -> why its runtime's L3 store is unavailable, for the pods whose last read
+        (same uid and IP) said so: what ``status.Observed.l3_unavailable`` holds."""
+        out = {}
+        for pod in pods:
+            meta, ip = pod.get("metadata") or {}, (pod.get("status") or {}).get("podIP")
+            cached = self._fleets.get(fleet, {}).get(meta.get("uid")) if ip else None
+            if cached is not None and cached.ip == ip and cached.view.storage_unavailable is not None:
+                out[meta["name"]] = cached.view.storage_unavailable
+        return out
 
     def update(self, fleet: Hashable, views: list[CachedView]) -> None:
         """New reads of some pods; the others' are kept, and so is a read newer than the one

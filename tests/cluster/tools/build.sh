@@ -42,16 +42,16 @@ build_k8s() {
   done
   for c in "${missing[@]}"; do
     log "building $c $K8S_V (cold: several minutes each on 2 cores)"
-    (cd "$here/k8s" && go build -trimpath -ldflags "$ld" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c")
-    mv "$bin/$c.tmp" "$bin/$c"
+    (cd "$here/k8s" && go build -trimpath -ldflags "$ld" -o "$bin/$c.tmp.$$" "k8s.io/kubernetes/cmd/$c")
+    mv "$bin/$c.tmp.$$" "$bin/$c"
   done
 }
 
 build_one() { # module-dir package binary-name [ldflags]
   [[ -x "$bin/$3" ]] && return 0
   log "building $3"
-  (cd "$here/$1" && go build -trimpath -ldflags "-s -w ${4:-}" -o "$bin/$3.tmp" "$2")
-  mv "$bin/$3.tmp" "$bin/$3"
+  (cd "$here/$1" && go build -trimpath -ldflags "-s -w ${4:-}" -o "$bin/$3.tmp.$$" "$2")
+  mv "$bin/$3.tmp.$$" "$bin/$3"
 }
 
 stage_files() {

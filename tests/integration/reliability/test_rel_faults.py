@@ -58,7 +58,7 @@ def test_corrupted_file_pages_are_misses_never_wrong_kv(start_runtime, reference
         for p in intact:
             generate(c, p)
         _wait(lambda: len(_pages(l3) - first) >= 3 * (len(intact[0]) // 4) - 3, what="pages of the later prompts")
-        assert c.post("/flush_cache").status_code == 200  # L1 and L2 gone: only L3 can serve a prefix now
+        assert c.post("/flush_cache?timeout=60").status_code == 200  # L1 and L2 gone: only L3 can serve a prefix now
 
         for p in damaged + intact:
             out = generate(c, p)

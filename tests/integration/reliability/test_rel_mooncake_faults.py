@@ -49,7 +49,7 @@ def test_master_killed_and_restarted_under_load(mooncake_env, start_runtime, ref
             fresh = PROMPTS[30]
             generate(c, fresh)
             _wait(lambda: metric(c, "sglang:backuped_tokens_total") > backed, 30, "a backup to the new master")
-            assert c.post("/flush_cache").status_code == 200
+            assert c.post("/flush_cache?timeout=60").status_code == 200
             out = generate(c, fresh)
             assert out["output_ids"] == reference(fresh)
             assert out["meta_info"]["cached_tokens_details"]["storage"] > 0, out["meta_info"]

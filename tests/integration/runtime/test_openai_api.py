@@ -207,7 +207,9 @@ def test_builtin_model_has_no_chat_template(tiny):
         assert c.get("/health_generate").status_code == 200
         server = c.get("/server_info").json()
     assert models["data"][0]["id"] == "builtin:tiny" and models["data"][0]["max_model_len"] == 256
-    assert info == {"model_path": "builtin:tiny", "tokenizer_path": None, "is_generation": True}
+    assert {k: info[k] for k in ("model_path", "served_model_name", "tokenizer_path", "is_generation", "load_format")} \
+        == {"model_path": "builtin:tiny", "served_model_name": "builtin:tiny", "tokenizer_path": None,
+            "is_generation": True, "load_format": "dummy"}
     assert server["context_length_effective"] == 256 and server["dtype_effective"] in ("float32", "bfloat16")
 
 
@@ -353,7 +355,10 @@ def test_model_info_routes_name_the_served_model(chat, ckpt):
         info = c.get("/get_model_info").json()
         assert c.get("/health_generate").status_code == 200
     assert [m["id"] for m in models["data"]] == ["qwen3-test"] and models["data"][0]["max_model_len"] == 512
-    assert info == {"model_path": str(ckpt), "tokenizer_path": str(ckpt), "is_generation": True}
+    assert {k: info[k] for k in ("model_path", "served_model_name", "tokenizer_path", "load_format")} \
+        == {"model_path": str(ckpt), "served_model_name": "qwen3-test", "tokenizer_path": str(ckpt),
+            "load_format": "auto"}
+    assert info["architectures"] == ["Qwen3ForCausalLM"] and info["model_type"] == "qwen3"
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,8 @@ def test_has_and_missing():
     assert ev.missing(ev.NEWEST_CHECKED, ev.FEATURES) == []
     assert {f.name for f in ev.missing("0.5.9", ev.FEATURES)} == {
         "mooncake_hostname_env_with_extra_config", "attn_dp_size_flag", "file_storage_path_key",
-        "host_pool_headroom_check", "default_prefetch_policy_timeout", "default_mem_layout_page_first"}
+        "host_pool_headroom_check", "host_headroom_page_cache_free", "default_prefetch_policy_timeout",
+        "default_mem_layout_page_first"}
     with pytest.raises(KeyError):
         ev.has("0.5.9", "no_such_feature")
 

@@ -130,11 +130,12 @@ def conds(status):
 
 
 def columns(status) -> dict[str, str | None]:
-    """What `kubectl get hcd` shows in each status column (jsonPath .status.x)."""
+    """What `kubectl get hcd` shows in each status column of a plain field (jsonPath .status.x; the
+    wide condition columns are the conditions themselves)."""
     out = {}
     for col in PRINTER_COLUMNS:
         path = col["jsonPath"]
-        if path.startswith(".status."):
+        if path.startswith(".status.") and "[" not in path:
             out[col["name"]] = status.get(path.removeprefix(".status."))
     return out
 

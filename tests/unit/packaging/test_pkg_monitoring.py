@@ -52,12 +52,15 @@ def exposed(families) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def runtime_names():
+def runtime_names(tmp_path_factory):
     from tests.unit.runtime.conftest import make_engine
 
     from cache_runtime.metrics import Metrics
 
-    engine = make_engine(enable_hierarchical_cache=True, page_size=4, max_total_tokens=1024)
+    # with an L3 backend: SGLang's storage families exist once one is attached
+    engine = make_engine(enable_hierarchical_cache=True, page_size=4, max_total_tokens=1024,
+                         hicache_storage_backend="file",
+                         extra_config={"file_storage_path": str(tmp_path_factory.mktemp("l3"))})
     try:
         return exposed(Metrics(engine).registry.collect())
     finally:

@@ -46,6 +46,11 @@ def variant(request):
     cpu_kernels.select(before)
 
 
+def _pin_rows(monkeypatch, rows: int) -> None:
+    """Pins the native row limit of every dtype: what a test checks must not hang on this CPU's calibration."""
+    monkeypatch.setattr(cpu_kernels, "_max_rows", {dt: rows for dt in DTYPES})
+
+
 def _eps(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
 
@@ -64,8 +69,7 @@ def test_library_is_built_and_active_where_the_cpu_runs_it():
                                    (7, 8, 130), (37, 70, 19),  # 37 rows: three blocks of x
                                    (1, 1030, 701), (2, 517, 1203)])  # many chunks, each R streams and a rest
 def test_linear_matches_float64(variant, monkeypatch, dtype, m, k, n):
-    for name in ("LINEAR_MAX_ROWS", "LINEAR_MAX_ROWS_BF16_AVX512BF16"):  # native for every m here
-        monkeypatch.setattr(cpu_kernels, name, cpu_kernels.LINEAR_MAX_ROWS_HALF)
+    _pin_rows(monkeypatch, cpu_kernels.UNBOUNDED)  # native for every m here
     g = torch.Generator().manual_seed(m * 1000 + k * 10 + n)
     wide = torch.randn(m, k + 3, generator=g).to(dtype)
     x = wide[:, 2 : 2 + k]  # rows with a stride wider than k
@@ -78,11 +82,51 @@ def test_linear_matches_float64(variant, monkeypatch, dtype, m, k, n):
         assert (got.double() - want).abs().max().item() <= tol
 
 
-def test_linear_leaves_large_float32_batches_to_torch(variant):
-    dtype = torch.float32
-    x = torch.randn(cpu_kernels.linear_max_rows(dtype) + 1, 32).to(dtype)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_leaves_batches_above_the_row_limit_to_torch(variant, monkeypatch, dtype):
+    _pin_rows(monkeypatch, 4)
     w = torch.randn(8, 32).to(dtype)
+    x = torch.randn(5, 32).to(dtype)
     assert torch.equal(cpu_kernels.linear(x, w), F.linear(x, w))
+    monkeypatch.setattr(cpu_kernels, "F", None)  # rows within the limit never reach torch
+    assert cpu_kernels.linear(x[:4], w).shape == (4, 8)
+
+
+def test_the_row_limit_is_the_largest_batch_where_native_keeps_up():
+    choose = cpu_kernels.choose_max_rows
+    torch_s = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}
+    assert choose({1: 0.5, 2: 0.9, 4: 1.5, 8: 3.0}, torch_s) == 2  # torch wins from 4 rows
+    assert choose({1: 0.5, 2: 1.04, 4: 0.9, 8: 3.0}, torch_s) == 4  # a near-tie at 2 rows does not end it
+    assert choose({1: 0.5, 2: 0.5, 4: 0.5, 8: 0.5}, torch_s) == cpu_kernels.UNBOUNDED  # native at every size
+    assert choose({1: 2.0, 2: 2.0, 4: 2.0, 8: 2.0}, torch_s) == 0  # torch for every batch
+    assert choose({1: 1.2, 2: 0.5, 4: 2.0, 8: 2.0}, torch_s) == 2  # a loss at one row, made up at two
+    assert choose({1: 0.5, 2: 2.0, 4: 0.5, 8: 0.5}, torch_s) == cpu_kernels.UNBOUNDED  # one noisy size
+    assert choose({1: 0.9, 2: 0.9, 4: 0.5, 8: 4.0}, torch_s) == 4  # the gain peaks at 4 rows
+
+
+def test_calibrate_measures_this_cpu_and_sets_the_limit(variant, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_max_rows", dict(cpu_kernels.DEFAULT_MAX_ROWS))
+    monkeypatch.delenv("HICACHE_CPU_LINEAR_MAX_ROWS", raising=False)
+    timed = []
+    real = cpu_kernels.choose_max_rows
+    monkeypatch.setattr(cpu_kernels, "choose_max_rows", lambda n, t: timed.append((n, t)) or real(n, t))
+    weights = [torch.randn(96, 64).to(torch.bfloat16), torch.randn(64, 96).to(torch.bfloat16), torch.randn(64)]
+    limits = cpu_kernels.calibrate(weights, rows=(1, 2, 4), repeats=1)
+    (native_s, torch_s), = timed
+    assert sorted(native_s) == sorted(torch_s) == [1, 2, 4] and all(v > 0 for v in native_s.values())
+    assert limits[torch.bfloat16] == cpu_kernels.linear_max_rows(torch.bfloat16) == real(native_s, torch_s)
+    assert limits[torch.float32] == cpu_kernels.DEFAULT_MAX_ROWS[torch.float32]  # only the weights' dtype
+    monkeypatch.setenv("HICACHE_CPU_LINEAR_MAX_ROWS", "3")
+    assert set(cpu_kernels.calibrate(weights).values()) == {3} and len(timed) == 1
+    monkeypatch.setenv("HICACHE_CPU_LINEAR_MAX_ROWS", "default")
+    assert cpu_kernels.calibrate(weights) == cpu_kernels.DEFAULT_MAX_ROWS and len(timed) == 1
+
+
+def test_calibrate_without_native_ops_measures_nothing(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_max_rows", dict(cpu_kernels.DEFAULT_MAX_ROWS))
+    monkeypatch.setattr(cpu_kernels, "_lib", None)
+    monkeypatch.delenv("HICACHE_CPU_LINEAR_MAX_ROWS", raising=False)
+    assert cpu_kernels.calibrate([torch.randn(8, 8)]) == cpu_kernels.DEFAULT_MAX_ROWS
 
 
 def _attention_reference(q, k_pool, v_pool, rows, seqs, scale):
@@ -273,6 +317,7 @@ def test_decoder_stack_matches_the_op_by_op_path(oracles, kind, monkeypatch):
     if not VARIANTS:
         pytest.skip("no native CPU kernel variant runs on this machine")
     path, _ = oracles(kind)
+    _pin_rows(monkeypatch, 16)
     prompts = [torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 9, 14)]
     f32 = load_model(str(path), torch.float32, CPU, max_positions=512)
     bf16 = load_model(str(path), torch.bfloat16, CPU, max_positions=512)
@@ -295,6 +340,40 @@ def test_decoder_stack_matches_the_op_by_op_path(oracles, kind, monkeypatch):
     assert ops_tokens == tokens
     assert _rel(stack_f32, ops_f32) < 1e-5
     assert _rel(stack_bf16.float(), ops_f32) <= 1.5 * _rel(ops_bf16.float(), ops_f32) + 1e-3
+
+
+def test_decode_batches_above_the_row_limit_leave_the_native_stack(oracles, monkeypatch):
+    """The decoder stack runs only batches the native GEMM takes (one call decides both paths)."""
+    if not VARIANTS:
+        pytest.skip("no native CPU kernel variant runs on this machine")
+    path, _ = oracles("llama-gqa")
+    loaded = load_model(str(path), torch.bfloat16, CPU, max_positions=512)
+    used = {}
+    real = type(loaded.model)._native_stack
+
+    def spy(self, h, batch, *pools):
+        stack = real(self, h, batch, *pools)
+        if all(s.num_new == 1 for s in batch.seqs):
+            used.setdefault(h.shape[0], set()).add(stack is not None)
+        return stack
+
+    monkeypatch.setattr(type(loaded.model), "_native_stack", spy)
+    _pin_rows(monkeypatch, 2)
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    _batched_decode(loaded, prompts, 2)
+    _batched_decode(loaded, prompts + [[12, 13]], 2)
+    assert used == {2: {True}, 3: {False}}
+
+
+@pytest.mark.parametrize("name", VARIANTS or ["none"])
+def test_a_variant_can_be_forced_for_the_whole_process(name):
+    """HICACHE_CPU_KERNELS_VARIANT runs a narrower variant everywhere (the benches' AVX2 runs)."""
+    if name == "none":
+        pytest.skip("no native CPU kernel variant runs on this machine")
+    code = "from cache_runtime import cpu_kernels as c; print(c.variant())"
+    env = {**os.environ, "HICACHE_CPU_KERNELS_VARIANT": name}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == name, out.stderr
 
 
 def test_disabled_or_stale_library_falls_back_to_torch(monkeypatch):

@@ -17,7 +17,7 @@ from cache_runtime.storage.file_backend import HiCacheFile
 from tests.unit.runtime.conftest import accounting_ok as _accounting_ok, generate, on_engine, prompt, settle
 
 
-def test_timeout_formula_is_sglangs_newer_one():
+def test_timeout_formula_is_sglangs_with_our_cap():
     cfg = PrefetchConfig(policy="timeout")
     assert cfg.timeout_for(0) == pytest.approx(2.0)
     assert cfg.timeout_for(2048) == pytest.approx(2.0 + 0.1 * 2)

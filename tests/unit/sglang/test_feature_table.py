@@ -147,6 +147,18 @@ with contextlib.redirect_stdout(io.StringIO()):
     except (ImportError, AttributeError):
         out["headroom"] = None
     else:
+        # A cgroup v2 container at 100 GiB limit, 60 GiB used, of which 16 GiB page cache.
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            (root / "proc/self").mkdir(parents=True)
+            (root / "proc/self/cgroup").write_text("0::/ctr\n")
+            (root / "proc/self/mountinfo").write_text(f"30 25 0:26 / {root}/cg rw - cgroup2 cgroup2 rw\n")
+            (root / "cg/ctr").mkdir(parents=True)
+            for name, value in {"memory.max": 100 << 30, "memory.high": "max", "memory.current": 60 << 30,
+                                "memory.stat": "anon 47244640256\nactive_file 8589934592\ninactive_file 8589934592"}.items():
+                (root / "cg/ctr" / name).write_text(f"{value}\n")
+            out["page_cache_headroom"] = host_memory._cgroup_memory_headroom(proc_root=root / "proc")
         host_memory.psutil = types.SimpleNamespace(virtual_memory=lambda: types.SimpleNamespace(available=1 << 50))
         host_memory._cgroup_memory_headroom = lambda *a, **k: 50 << 30
         pool_base.ranks_per_host = lambda: 4
@@ -213,6 +225,7 @@ PRESENT = {
     "file_storage_path_key": lambda o: o["file"]["key"] == "/mnt/l3",
     "host_pool_headroom_check": lambda o: o["headroom"] is not None and o["headroom"]["reserve"] == 10 * GiB
     and o["headroom"]["budget"] == (50 * GiB - 10 * GiB) // 4,
+    "host_headroom_page_cache_free": lambda o: o.get("page_cache_headroom") == 56 * GiB,
     "server_info_exposes_admin_key": lambda o: all(o["routes"][r] == "normal" for r in INFO_ROUTES)
     and o["server_info_anonymous"] and o["server_info_admin_key"] == "k",
     "extra_config_flag": lambda o: o["flags"]["--hicache-storage-backend-extra-config"],
