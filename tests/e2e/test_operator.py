@@ -66,7 +66,9 @@ def check_fleet(cluster, ns: str, name: str, replicas: int) -> tuple[dict, list[
     routed = obj["spec"].get("replicas", 1) > 1  # the router is on by default from two replicas
     assert set(kids["services"]) == {name, f"{name}-pods"} | ({f"{name}-serving"} if routed else set())
     assert kids["statefulsets"] == [name] and kids["poddisruptionbudgets"] == [name]
-    keys = [f"{name}-admin"] + ([f"{name}-api"] if obj["spec"].get("engine") == "sglang" else [])
+    sglang = obj["spec"].get("engine") == "sglang"
+    # SGLang pods take a key: the clients' without the router, the fleet's internal one behind it
+    keys = [f"{name}-admin"] + ([f"{name}-api"] if sglang else []) + ([f"{name}-internal"] if sglang and routed else [])
     assert kids["configmaps"] == [f"{name}-storage"] and sorted(kids["secrets"]) == keys
     sts = kget(cluster, "statefulset", name, "-n", ns)
     assert "hicache.dev/rendered-hash" in sts["metadata"]["annotations"]
