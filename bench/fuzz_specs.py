@@ -38,12 +38,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hicache_operator import flags, render  # noqa: E402
-from hicache_operator.kube import FIELD_MANAGER  # noqa: E402
-from hicache_operator.reconcile import plan  # noqa: E402
-from hicache_operator.rules import RULES  # noqa: E402
-from hicache_operator.spec import GROUP, KIND, PLURAL, VERSION, HiCacheDeploymentSpec  # noqa: E402
-from hicache_operator.validation import validate  # noqa: E402
+from hicache_operator.api import flags  # noqa: E402
+from hicache_operator.plan import render
+from hicache_operator.io.kube import FIELD_MANAGER  # noqa: E402
+from hicache_operator.control.pipeline import plan  # noqa: E402
+from hicache_operator.api.rules import RULES  # noqa: E402
+from hicache_operator.api.spec import GROUP, KIND, PLURAL, VERSION, HiCacheDeploymentSpec  # noqa: E402
+from hicache_operator.plan.validation import validate  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

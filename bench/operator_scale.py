@@ -282,8 +282,8 @@ def baseline_applier(kubeconfig: str, todo, ready, workers: int) -> None:
 
     from kubernetes import client, config
 
-    from hicache_operator.kube import Kube
-    from hicache_operator.reconcile import apply_children, plan
+    from hicache_operator.io.kube import Kube
+    from hicache_operator.control.pipeline import apply_children, plan
 
     cfg = client.Configuration()
     config.load_kube_config(kubeconfig, client_configuration=cfg)

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     kopf.configure(verbose=args.verbose)
     if args.metrics_port:
         prometheus_client.start_http_server(args.metrics_port, addr=args.metrics_host)
-    from hicache_operator import handlers  # noqa: F401  (registers the handlers; reads the interval)
+    from hicache_operator.control import handlers  # noqa: F401  (registers the handlers; reads the interval)
 
     kopf.run(clusterwide=args.all_namespaces, namespaces=args.namespace or (), liveness_endpoint=args.liveness,
              standalone=True)

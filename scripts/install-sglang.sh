@@ -8,7 +8,7 @@
 #
 # usage: scripts/install-sglang.sh [VENV_DIR] [VERSION...]
 #   default versions: the oldest SGLang the operator supports and the newest it was checked
-#   against (hicache_operator/engine_versions.py: OLDEST_SUPPORTED, NEWEST_CHECKED).
+#   against (hicache_operator/plan/engine/versions.py: OLDEST_SUPPORTED, NEWEST_CHECKED).
 # layout: $SGLANG_ORACLE_DIR (default .venv-sglang)/{deps,<version>}
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,7 +19,7 @@ root="${SGLANG_ORACLE_DIR:-$repo_root/.venv-sglang}"
 
 if [[ $# -eq 0 ]]; then
   mapfile -t versions < <(cd "$repo_root" && "$python" -c \
-    'from hicache_operator.engine_versions import ORACLE_VERSIONS; print("\n".join(ORACLE_VERSIONS))')
+    'from hicache_operator.plan.engine.versions import ORACLE_VERSIONS; print("\n".join(ORACLE_VERSIONS))')
 else
   versions=("$@")
 fi

@@ -6,7 +6,7 @@ so several models and ranks share one directory and SGLang and this runtime find
 pages. Directory, in SGLang's order: env ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``,
 else extra_config ``file_storage_path``, else ``/tmp/hicache``. Page bytes are in host-layout order and
 the name does not say which layout, dtype or page size wrote them: the operator gives both engines a
-``file_storage_path`` ending in the page-format namespace (``hicache_operator/rollout/storage_config.py``),
+``file_storage_path`` ending in the page-format namespace (``hicache_operator/fleet/storage_config.py``),
 so pods of another format look in another directory.
 
 What a page file may hold, and how a read decides (the caller states the page size it expects,

@@ -35,14 +35,7 @@ from .actions import (
 from .observation import PodObservation, RolloutSettings
 from .planner import plan_step
 from .state import Failure, InvalidSwapState, Phase, PodSwap, Stage, SwapState
-from .storage_config import (
-    TARGET_BACKENDS,
-    ReportedBackend,
-    StorageConfig,
-    attach_payload,
-    config_matches,
-    storage_fingerprint,
-)
+from hicache_operator.fleet.storage_config import TARGET_BACKENDS, ReportedBackend, StorageConfig, attach_payload, config_matches, storage_fingerprint
 
 __all__ = [
     "TARGET_BACKENDS",

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence, Union
 
-from hicache_operator.conditions import Condition
+from hicache_operator.api.conditions import Condition
 
 from .state import SwapState
-from .storage_config import clip_message
+from hicache_operator.fleet.storage_config import clip_message
 
 @dataclass(frozen=True)
 class SetServingGate:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from hicache_operator import render
-from hicache_operator.pods import pod_is_terminating, pod_serves, restart_hash_of
-from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator.plan import render
+from hicache_operator.fleet.pods import pod_is_terminating, pod_serves, restart_hash_of
+from hicache_operator.api.spec import HiCacheDeploymentSpec
 
-from .gate import serving_gate
-from .storage_config import storage_fingerprint
+from hicache_operator.fleet.gate import serving_gate
+from hicache_operator.fleet.storage_config import storage_fingerprint
 
 
 def pending(status: dict | None) -> bool:

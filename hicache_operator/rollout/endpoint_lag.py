@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hicache_operator.pods import pod_serves
+from hicache_operator.fleet.pods import pod_serves
 
 AFTER = 0.3  # seconds; under load most flips reach the slice within 0.1-0.35 s, a refusal costs >= 1 s
 SETTLE = 0.02  # seconds after a write of the slices that left a flip out

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
 
-from hicache_operator.spec import resolve_max_unavailable
+from hicache_operator.api.spec import resolve_max_unavailable
 
-from .storage_config import ReportedBackend
+from hicache_operator.fleet.storage_config import ReportedBackend
 
 
 class PodObservation(BaseModel):

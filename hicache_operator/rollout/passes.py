@@ -41,7 +41,7 @@ from .actions import Action, ActionOutcome, Attach, Detach, Event, SetRouted, Se
 from .observation import PodObservation, RolloutSettings
 from .planner import plan_step
 from .state import InvalidSwapState, PodSwap, Stage, SwapState
-from .storage_config import StorageConfig
+from hicache_operator.fleet.storage_config import StorageConfig
 
 # detach -> attach -> verify (+ readmit): three passes carry a pod from drained to readmitted;
 # one more covers a retried call. Bounded so that a runtime accepting calls but never

@@ -87,20 +87,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from hicache_operator.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition
+from hicache_operator.api.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition
 
 from .actions import Action, Attach, DeletePod, Detach, Event, SetRouted, SetServingGate, SwapPlan
 from .observation import PodObservation, RolloutSettings
 from .state import Failure, InvalidSwapState, Phase, PodSwap, Stage, SwapState
-from .storage_config import (
-    StorageConfig,
-    as_target,
-    attach_payload,
-    clip_message,
-    config_matches,
-    storage_fingerprint,
-    updatable_in_place,
-)
+from hicache_operator.fleet.storage_config import StorageConfig, as_target, attach_payload, clip_message, config_matches, storage_fingerprint, updatable_in_place
 
 _MAX_TRANSITIONS = 5  # longest chain in one step: Draining->Swapping->RollingBack->Readmitting
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hicache_operator.flags import RUNTIME_PORT
+from hicache_operator.api.flags import RUNTIME_PORT
 
 
 def worker_url(ip: str) -> str:

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from hicache_operator import engine_versions
+from hicache_operator.plan.engine import versions as engine_versions
 from tests.e2e.gateway import Gateway
 from tests.e2e.helpers import (condition, kget, l3_hit_across_pods, skip_without_pod_network_or_mooncake,
                                start_operator, wait_for)

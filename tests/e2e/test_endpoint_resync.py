@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_operator import labels, metrics, render
-from hicache_operator.controller import Controller
-from hicache_operator.kube import Kube
+from hicache_operator.api import labels
+from hicache_operator.io import metrics
+from hicache_operator.plan import render
+from hicache_operator.control.controller import Controller
+from hicache_operator.io.kube import Kube
 from hicache_operator.rollout import endpoint_lag
 from tests.e2e.helpers import wait_for
 

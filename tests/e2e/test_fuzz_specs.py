@@ -18,8 +18,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from bench.fuzz_specs import Checker, Tally, ensure_crd, run_fuzz, spec_docs, to_bmp
-from hicache_operator.kube import Kube
-from hicache_operator.spec import GROUP, PLURAL, VERSION
+from hicache_operator.io.kube import Kube
+from hicache_operator.api.spec import GROUP, PLURAL, VERSION
 from tests.e2e.helpers import REPO, OperatorProcess, condition, wait_for
 
 pytestmark = pytest.mark.e2e

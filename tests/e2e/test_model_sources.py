@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from cache_runtime.synth.checkpoint import write_checkpoint
-from hicache_operator import model_download
+from hicache_operator.plan.model import download as model_download
 from tests.e2e.helpers import condition, kget, wait_for
 from tests.support.hub import LocalHub
 

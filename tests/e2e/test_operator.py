@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hicache_operator import engine_versions
+from hicache_operator.plan.engine import versions as engine_versions
 from tests.e2e.helpers import condition, kget, wait_for
 from tests.support import sglang_oracle
 

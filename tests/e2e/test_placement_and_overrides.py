@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hicache_operator.rollout import gate
+from hicache_operator.fleet import gate
 from tests.cluster.localcluster import LocalCluster, NodeSpec
 from tests.e2e.helpers import REPO, OperatorProcess, condition, kget, wait_for
 

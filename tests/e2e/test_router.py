@@ -16,7 +16,7 @@ import httpx
 import pytest
 from kubernetes import client
 
-from hicache_operator.flags import ROUTER_API_PORT
+from hicache_operator.api.flags import ROUTER_API_PORT
 from hicache_operator.rollout.act.router_client import ADD_SECONDS
 from tests.e2e.gateway import Gateway
 from tests.e2e.helpers import condition, kget, start_operator, wait_for

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import yaml
 
-from hicache_operator import render
+from hicache_operator.plan import render
 from tests.e2e.helpers import REPO, OperatorProcess, condition, kget, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""Writes hicache_operator/engine_cli.json: the flags each engine's own parser knows.
+"""Writes hicache_operator/plan/engine/cli.json: the flags each engine's own parser knows.
 
 The bundled runtime's from ``cache_runtime.args.build_parser``; SGLang's from each installed oracle
 release (``engine_versions.ORACLE_VERSIONS``, tests/support/sglang_oracle) through the parser
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hicache_operator import engine_cli, engine_versions
+from hicache_operator.plan.engine import cli as engine_cli, versions as engine_versions
 from tests.support import sglang_oracle
 
 # Runs under one SGLang release (sglang_oracle.run): the parser prepare_server_args builds.

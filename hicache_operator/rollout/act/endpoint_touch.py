@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Callable, Collection
 
-from hicache_operator import metrics
+from hicache_operator.io import metrics
 
 from ..endpoint_lag import LagWatch, unpublished
 

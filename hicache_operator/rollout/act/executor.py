@@ -30,20 +30,22 @@ import httpx
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator import labels, metrics, render
-from hicache_operator.conditions import Condition
-from hicache_operator.flags import RUNTIME_PORT
-from hicache_operator.kube import plain_json
-from hicache_operator.pods import pod_is_ready, restart_hash_of
-from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator.api import labels
+from hicache_operator.io import metrics
+from hicache_operator.plan import render
+from hicache_operator.api.conditions import Condition
+from hicache_operator.api.flags import RUNTIME_PORT
+from hicache_operator.io.kube import plain_json
+from hicache_operator.fleet.pods import pod_is_ready, restart_hash_of
+from hicache_operator.api.spec import HiCacheDeploymentSpec
 
-from .. import gate
+from hicache_operator.fleet import gate
 from ..actions import ActionOutcome, Attach, DeletePod, Detach, Event, SetRouted, SetServingGate
 from ..observation import PodObservation, RolloutSettings
 from ..passes import Passes, run_handover, run_passes, watch_will_follow
 from ..routing import RouterRead, membership, worker_url
 from ..state import Stage
-from ..storage_config import storage_fingerprint
+from hicache_operator.fleet.storage_config import storage_fingerprint
 from .drains import Drains
 from .router_client import RouterClient
 from .runtime_client import RuntimeClient, shared_client
@@ -421,7 +423,7 @@ def _observation(pod: dict, endpoints: dict[str, bool], read: CachedView | None,
 def _send_gate(action: SetServingGate, core: client.CoreV1Api, namespace: str, target_fp: str,
                target_backend: str) -> None:
     with metrics.API_SECONDS.labels("patch", "Pod").time():
-        plain_json(core.patch_namespaced_pod, action.pod, namespace, gate.patch(action, target_fp, target_backend))
+        plain_json(core.patch_namespaced_pod, action.pod, namespace, gate.patch(action.uid, action.serving, action.runs, target_fp, target_backend))
 
 
 def _delete_pod(action: DeletePod, core: client.CoreV1Api, namespace: str, *_: Any) -> None:

@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from hicache_operator.flags import ROUTER_API_PORT
+from hicache_operator.api.flags import ROUTER_API_PORT
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 POLL_SECONDS = 0.02

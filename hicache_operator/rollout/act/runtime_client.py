@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..storage_config import ReportedBackend, clip_message
+from hicache_operator.fleet.storage_config import ReportedBackend, clip_message
 
 STORAGE_BACKEND_PATH = "/hicache/storage-backend"
 STORAGE_DEGRADED_FIELD = "hicache_storage_degraded"

@@ -33,7 +33,7 @@ from typing import Hashable
 
 import httpx
 
-from hicache_operator.flags import RUNTIME_PORT
+from hicache_operator.api.flags import RUNTIME_PORT
 
 from .runtime_client import RuntimeClient, RuntimeView
 

@@ -10,13 +10,13 @@ import asyncio
 import json
 import random
 
-from hicache_operator import labels
-from hicache_operator.flags import RUNTIME_PORT
-from hicache_operator.reconcile import plan
+from hicache_operator.api import labels
+from hicache_operator.api.flags import RUNTIME_PORT
+from hicache_operator.control.pipeline import plan
 from hicache_operator.rollout.act.runtime_client import shared_client
 from hicache_operator.rollout.act.views import ViewCache, read_pod
-from hicache_operator.rollout.gate import LABEL as SERVING
-from hicache_operator.status import Observed, derive
+from hicache_operator.fleet.gate import LABEL as SERVING
+from hicache_operator.plan.status import Observed, derive
 from tests.e2e.helpers import wait_for
 from tests.integration.reliability.conftest import PROMPTS, generate
 from tests.support.mooncake import MooncakeMaster, mooncake_env  # noqa: F401  (fixture)

@@ -12,7 +12,7 @@ import pytest
 
 from concurrent.futures import ThreadPoolExecutor
 
-from hicache_operator.flags import RUNTIME_PORT
+from hicache_operator.api.flags import RUNTIME_PORT
 from hicache_operator.rollout.act.drains import Drains
 from hicache_operator.rollout.act.views import ViewCache
 from tests.e2e.helpers import wait_for

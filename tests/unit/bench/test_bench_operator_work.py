@@ -19,7 +19,7 @@ def load_bench():
 
 
 def test_parse_reads_the_operators_metrics_as_exported():
-    from hicache_operator import metrics
+    from hicache_operator.io import metrics
     reg = CollectorRegistry()
     # the operator's own metric definitions, in a registry of their own
     wait = Histogram(metrics.QUEUE_WAIT_SECONDS._name, "w", ["trigger"], registry=reg)

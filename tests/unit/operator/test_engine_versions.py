@@ -1,7 +1,7 @@
 """SGLang release versions: parsing, ordering, image tags, and the feature table's lookups."""
 import pytest
 
-from hicache_operator import engine_versions as ev
+from hicache_operator.plan.engine import versions as ev
 
 
 @pytest.mark.parametrize("text,key", [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hicache_operator.conditions import condition, set_conditions
+from hicache_operator.api.conditions import condition, set_conditions
 
 
 def test_transition_time_moves_only_on_flip_and_foreign_conditions_survive():

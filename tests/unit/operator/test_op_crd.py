@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from hicache_operator import crdgen, rules
+from hicache_operator.tools import crdgen
+from hicache_operator.api import rules
 
 
 def walk(node, path="schema"):
@@ -22,7 +23,7 @@ def walk(node, path="schema"):
 
 
 def test_committed_crd_matches_the_models():
-    assert crdgen.main(["--check"]) == 0, "run: python -m hicache_operator.crdgen"
+    assert crdgen.main(["--check"]) == 0, "run: python -m hicache_operator.tools.crdgen"
     assert yaml.safe_load(crdgen.CRD_PATH.read_text()) == crdgen.build_crd()
 
 

@@ -4,7 +4,7 @@ the wide columns add what the default ones leave out."""
 
 from __future__ import annotations
 
-from hicache_operator import crdgen
+from hicache_operator.tools import crdgen
 
 
 def version() -> dict:

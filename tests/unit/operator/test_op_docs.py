@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from hicache_operator import docgen
+from hicache_operator.tools import docgen
 
 
 def test_committed_docs_match_the_models():
-    assert docgen.main(["--check"]) == 0, "run: python -m hicache_operator.docgen"
+    assert docgen.main(["--check"]) == 0, "run: python -m hicache_operator.tools.docgen"
 
 
 def test_reference_lists_every_spec_field_and_rule():

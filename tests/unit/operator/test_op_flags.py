@@ -6,8 +6,8 @@ import typing
 
 import pytest
 
-from hicache_operator import flags
-from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator.api import flags
+from hicache_operator.api.spec import HiCacheDeploymentSpec
 
 
 def _field(path: str):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from hicache_operator.informers import Informers
-from hicache_operator.rollout import SetServingGate, act, gate
+from hicache_operator.control.informers import Informers
+from hicache_operator.rollout import SetServingGate, act
+from hicache_operator.fleet import gate
 
 
 def admit(pod: str) -> SetServingGate:

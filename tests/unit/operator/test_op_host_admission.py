@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_operator import engine_versions, sizing
-from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator.plan.engine import versions as engine_versions
+from hicache_operator.api.status import SizingRecord
+from hicache_operator.plan import sizing
+from hicache_operator.api.spec import HiCacheDeploymentSpec
 from tests.support import sglang_oracle
 
 from op_helpers import gpu_node
@@ -77,7 +79,7 @@ def node_sized(version: str) -> dict:
             "hicache": {"hostPool": {"fromNodeMemory": {"fraction": 0.8, "reserveGiB": 16}, "overheadGiB": 6}}}
 
 
-def admission(version: str, records: list[sizing.SizingRecord], extras: list[int]) -> list[list[int]]:
+def admission(version: str, records: list[SizingRecord], extras: list[int]) -> list[list[int]]:
     """SGLang ``version``'s budget for each rank of each record's pod, its processes holding ``extra``
     bytes beyond the sized terms and the Llama checkpoint in the page cache."""
     cases = []
@@ -143,7 +145,7 @@ def test_the_release_is_a_sizing_input():
 
 
 def test_a_checkpoint_of_unknown_size_is_warned_about_where_the_release_counts_its_page_cache():
-    from hicache_operator.validation import validate
+    from hicache_operator.plan.validation import validate
 
     def run(version):
         raw = {**node_sized(version), "model": "org/custom",

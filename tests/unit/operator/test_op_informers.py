@@ -1,5 +1,5 @@
 """The body cache that spares reconciles a GET: newest version wins, deletions stick."""
-from hicache_operator.informers.bodies import BodyCache
+from hicache_operator.control.informers.bodies import BodyCache
 
 KEY = ("ns", "fleet")
 

@@ -9,15 +9,15 @@ from datetime import datetime, timezone
 
 from op_helpers import body, gpu_node
 
-from hicache_operator import labels
-from hicache_operator.controller import READ_TRIGGERS, STORAGE_POLL, Controller, degraded
-from hicache_operator.reconcile import Result, plan
+from hicache_operator.api import labels
+from hicache_operator.control.controller import READ_TRIGGERS, STORAGE_POLL, Controller, degraded
+from hicache_operator.control.pipeline import Result, plan
 from hicache_operator.rollout.act.runtime_client import RuntimeView
 from hicache_operator.rollout.act.views import CachedView, ViewCache
-from hicache_operator.rollout.gate import LABEL as SERVING
-from hicache_operator.rollout.storage_config import ReportedBackend
-from hicache_operator.status import build_status
-from hicache_operator.workqueue import Request, WorkQueue
+from hicache_operator.fleet.gate import LABEL as SERVING
+from hicache_operator.fleet.storage_config import ReportedBackend
+from hicache_operator.plan.status import build_status
+from hicache_operator.control.workqueue import Request, WorkQueue
 
 KEY = ("ns", "demo")
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -8,10 +8,11 @@ from dataclasses import replace
 
 from op_helpers import body, gpu_node
 
-from hicache_operator import labels
-from hicache_operator.reconcile import plan
-from hicache_operator.rollout.gate import LABEL as SERVING
-from hicache_operator.status import MooncakeMasterStatus, Observed, SwapView, derive
+from hicache_operator.api import labels
+from hicache_operator.control.pipeline import plan
+from hicache_operator.fleet.gate import LABEL as SERVING
+from hicache_operator.api.status import MooncakeMasterStatus
+from hicache_operator.plan.status import Observed, SwapView, derive
 
 RPC_FAIL = "StorageUnavailable: mooncake put failed with RPC_FAIL"
 TIMEOUT = "StorageUnavailable: mooncake master not reachable within 5.0s"

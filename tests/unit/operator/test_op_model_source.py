@@ -8,12 +8,13 @@ import json
 import pytest
 from op_helpers import body, gpu_node
 
-from hicache_operator import labels, model_source
-from hicache_operator.informers import pod_essence
-from hicache_operator.reconcile import plan
-from hicache_operator.spec import HiCacheDeploymentSpec
-from hicache_operator.status import build_status
-from hicache_operator.validation import validate
+from hicache_operator.api import labels
+from hicache_operator.plan.model import source as model_source
+from hicache_operator.control.informers import pod_essence
+from hicache_operator.control.pipeline import plan
+from hicache_operator.api.spec import HiCacheDeploymentSpec
+from hicache_operator.plan.status import build_status
+from hicache_operator.plan.validation import validate
 
 SHAPE = {"numLayers": 2, "numKvHeads": 2, "headDim": 16, "dtypeBytes": 4}
 HF = {"huggingFace": {"revision": "refs/pr/3", "tokenSecretRef": {"name": "hf", "key": "hf-token"},

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 from op_helpers import RecordingKube, body, gpu_node
 
-from hicache_operator import labels, render
-from hicache_operator.reconcile import plan, reconcile
-from hicache_operator.status import MooncakeMasterStatus, build_status
-from hicache_operator.validation import validate
+from hicache_operator.api import labels
+from hicache_operator.plan import render
+from hicache_operator.control.pipeline import plan, reconcile
+from hicache_operator.api.status import MooncakeMasterStatus
+from hicache_operator.plan.status import build_status
+from hicache_operator.plan.validation import validate
 
 NODES = [gpu_node("n")]
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 from op_helpers import body, gpu_node
 
-from hicache_operator import engine_cli, flags, labels, overlay, render
-from hicache_operator.reconcile import plan
-from hicache_operator.validation import validate
+from hicache_operator.plan.engine import cli as engine_cli
+from hicache_operator.api import flags, labels
+from hicache_operator.plan import overlay, render
+from hicache_operator.control.pipeline import plan
+from hicache_operator.plan.validation import validate
 
 SGLANG = {"engine": "sglang", "image": "lmsysorg/sglang:v0.5.23-cu129", "model": "Qwen/Qwen3-8B"}
 

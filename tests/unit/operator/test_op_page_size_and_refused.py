@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from op_helpers import gpu_node
 
-from hicache_operator import engine
-from hicache_operator.validation import validate
+from hicache_operator.plan.engine import features as engine
+from hicache_operator.plan.validation import validate
 
 B200 = {"nvidia.com/gpu.product": "NVIDIA-B200"}
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}

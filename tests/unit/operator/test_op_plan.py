@@ -6,8 +6,8 @@ import pytest
 from op_helpers import body, gpu_node
 
 from hicache_operator import __main__ as cli
-from hicache_operator.informers import nodes as nodecache
-from hicache_operator.reconcile import event_reason, finding_events, plan
+from hicache_operator.control.informers import nodes as nodecache
+from hicache_operator.control.pipeline import event_reason, finding_events, plan
 
 DRAM = {"image": "img", "parallelism": {"tp": 8},
         "hicache": {"hostPool": {"fromNodeMemory": {"fraction": 0.5, "reserveGiB": 0}}}}

@@ -14,8 +14,8 @@ import threading
 
 from op_helpers import RecordingKube, body, gpu_node
 
-from hicache_operator import labels
-from hicache_operator.reconcile import plan, reconcile
+from hicache_operator.api import labels
+from hicache_operator.control.pipeline import plan, reconcile
 
 SPEC = {"image": "hicache-runtime:0.1.0", "replicas": 2, "maxTotalTokens": 4096,
         "rollout": {"maxUnavailable": 1}}

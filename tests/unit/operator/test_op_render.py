@@ -6,9 +6,10 @@ import base64
 
 from op_helpers import body, gpu_node
 
-from hicache_operator import labels, render
-from hicache_operator.reconcile import plan
-from hicache_operator.rollout import attach_payload
+from hicache_operator.api import labels
+from hicache_operator.plan import render
+from hicache_operator.control.pipeline import plan
+from hicache_operator.fleet.storage_config import attach_payload
 
 MOONCAKE = {"backend": "mooncake", "mooncake": {"masterAddress": "m:50051", "protocol": "tcp",
                                                 "globalSegmentSize": "4gb"}}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from op_helpers import body, gpu_node
 
-from hicache_operator import flags, render
-from hicache_operator.reconcile import plan
+from hicache_operator.api import flags
+from hicache_operator.plan import render
+from hicache_operator.control.pipeline import plan
 
 SGLANG = {"image": "img", "engine": "sglang", "model": "Qwen/Qwen3-8B", "engineVersion": "0.5.23"}
 

@@ -15,7 +15,7 @@ import threading
 from op_helpers import RecordingKube, body, gpu_node
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator.reconcile import reconcile
+from hicache_operator.control.pipeline import reconcile
 
 SPEC = {"image": "hicache-runtime:0.1.0", "replicas": 2, "maxTotalTokens": 4096}
 

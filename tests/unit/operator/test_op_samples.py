@@ -8,9 +8,9 @@ import pytest
 import yaml
 from op_helpers import SAMPLES, sample_nodes
 
-from hicache_operator import rules
-from hicache_operator.reconcile import plan
-from hicache_operator.validation import validate
+from hicache_operator.api import rules
+from hicache_operator.control.pipeline import plan
+from hicache_operator.plan.validation import validate
 
 VALID = sorted(SAMPLES.glob("*.yaml"))
 INVALID = sorted((SAMPLES / "invalid").glob("*.yaml"))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from op_helpers import gpu_node
 
-from hicache_operator import model_shapes, sizing
-from hicache_operator.spec import HiCacheDeploymentSpec
-from hicache_operator.validation import validate
+from hicache_operator.plan.model import shapes as model_shapes
+from hicache_operator.plan import sizing
+from hicache_operator.api.spec import HiCacheDeploymentSpec
+from hicache_operator.plan.validation import validate
 
 TOL = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
 

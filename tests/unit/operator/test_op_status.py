@@ -8,12 +8,12 @@ import re
 import pytest
 from op_helpers import body, gpu_node
 
-from hicache_operator import labels
-from hicache_operator.crdgen import PRINTER_COLUMNS
-from hicache_operator.reconcile import plan
-from hicache_operator.rollout.gate import LABEL as SERVING
-from hicache_operator.spec import resolve_max_unavailable
-from hicache_operator.status import SwapView, build_status, failed
+from hicache_operator.api import labels
+from hicache_operator.tools.crdgen import PRINTER_COLUMNS
+from hicache_operator.control.pipeline import plan
+from hicache_operator.fleet.gate import LABEL as SERVING
+from hicache_operator.api.spec import resolve_max_unavailable
+from hicache_operator.plan.status import SwapView, build_status, failed
 
 STARTED_AT = "2025-01-01T10:00:05Z"
 STORE_DOWN = "StorageUnavailable: mooncake master 10.0.0.9:50051 not reachable within 5.0s"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache_operator import rules
-from hicache_operator.validation import validate
+from hicache_operator.api import rules
+from hicache_operator.plan.validation import validate
 
 from op_helpers import gpu_node
 

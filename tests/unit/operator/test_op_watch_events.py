@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_operator.controller import SWAP_POLL, Controller
-from hicache_operator.informers import pod_identity
-from hicache_operator.workqueue import Request, WorkQueue
+from hicache_operator.control.controller import SWAP_POLL, Controller
+from hicache_operator.control.informers import pod_identity
+from hicache_operator.control.workqueue import Request, WorkQueue
 
 KEY = ("ns", "fleet")
 

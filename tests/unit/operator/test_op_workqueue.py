@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from hicache_operator.workqueue import BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, Request, WorkQueue
+from hicache_operator.control.workqueue import BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, Request, WorkQueue
 
 
 class Clock:

@@ -50,7 +50,7 @@ def test_chart_app_version_is_the_project_version():
 
 def test_the_default_router_image_is_the_release_one():
     """spec.router.image defaults to the router image this version's release pushes (docs/release.md)."""
-    from hicache_operator.spec import ROUTER_IMAGE
+    from hicache_operator.api.spec import ROUTER_IMAGE
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert ROUTER_IMAGE == f"ghcr.io/hicache-dev/hicache-router:{project['version']}"

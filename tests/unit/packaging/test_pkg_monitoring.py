@@ -11,9 +11,9 @@ from pkg_helpers import CHART, only
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hicache_operator import metrics as operator_metrics
-from hicache_operator import render
-from hicache_operator.reconcile import plan
+from hicache_operator.io import metrics as operator_metrics
+from hicache_operator.plan import render
+from hicache_operator.control.pipeline import plan
 
 DASHBOARD = CHART / "dashboards" / "hicache.json"
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",

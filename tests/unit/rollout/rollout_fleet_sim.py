@@ -22,22 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from hicache_operator.rollout import (
-    Action,
-    ActionOutcome,
-    Attach,
-    DeletePod,
-    Detach,
-    PodObservation,
-    ReportedBackend,
-    RolloutSettings,
-    SetRouted,
-    SetServingGate,
-    SwapState,
-    apply_outcomes,
-    plan_step,
-    storage_fingerprint,
-)
+from hicache_operator.rollout import Action, ActionOutcome, Attach, DeletePod, Detach, PodObservation, RolloutSettings, SetRouted, SetServingGate, SwapState, apply_outcomes, plan_step
+from hicache_operator.fleet.storage_config import ReportedBackend, storage_fingerprint
 from hicache_operator.rollout.passes import run_handover, run_passes
 from hicache_operator.rollout.act.runtime_client import BackendError, NotIdle, Unreachable
 

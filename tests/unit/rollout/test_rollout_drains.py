@@ -8,7 +8,7 @@ from hicache_operator.rollout.act.drains import Drains
 from hicache_operator.rollout.act.executor import Swapper, busy_drains
 from hicache_operator.rollout.act.runtime_client import RuntimeView
 from hicache_operator.rollout.act.views import CachedView, ViewCache
-from hicache_operator.rollout.storage_config import ReportedBackend
+from hicache_operator.fleet.storage_config import ReportedBackend
 
 T0 = datetime(2026, 11, 22, 5, 0, tzinfo=timezone.utc)
 FLEET = ("ns", "drained-read")

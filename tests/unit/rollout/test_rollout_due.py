@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from hicache_operator import render
-from hicache_operator.rollout import due, gate, storage_fingerprint
-from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator.plan import render
+from hicache_operator.rollout import due
+from hicache_operator.fleet import gate
+from hicache_operator.fleet.storage_config import storage_fingerprint
+from hicache_operator.api.spec import HiCacheDeploymentSpec
 
 
 def spec(backend="none"):

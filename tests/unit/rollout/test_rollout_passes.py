@@ -8,8 +8,7 @@ import asyncio
 
 from datetime import timedelta
 
-from hicache_operator.rollout import (Attach, Detach, PodObservation, RolloutSettings, SetServingGate, Stage, SwapState,
-                                      plan_step)
+from hicache_operator.rollout import Attach, Detach, PodObservation, RolloutSettings, SetServingGate, Stage, SwapState, plan_step
 from hicache_operator.rollout.passes import Passes, run_handover, run_passes, watch_will_follow
 
 from .rollout_fleet_sim import CONFIGS, Fleet, SimRuntime

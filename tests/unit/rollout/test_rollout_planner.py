@@ -8,19 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from hicache_operator.rollout import (
-    ActionOutcome,
-    Attach,
-    Detach,
-    SwapPlan,
-    ReportedBackend,
-    RolloutSettings,
-    SetServingGate,
-    SwapState,
-    apply_outcomes,
-    attach_payload,
-    plan_step,
-)
+from hicache_operator.rollout import ActionOutcome, Attach, Detach, SwapPlan, RolloutSettings, SetServingGate, SwapState, apply_outcomes, plan_step
+from hicache_operator.fleet.storage_config import ReportedBackend, attach_payload
 from hicache_operator.rollout.act.runtime_client import BackendError, NotIdle, Unauthorized, Unreachable
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)

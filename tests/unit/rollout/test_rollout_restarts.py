@@ -98,5 +98,5 @@ def test_a_stale_pod_out_of_serving_without_a_record_is_adopted_for_its_restart(
 
 
 def failed_target() -> str:
-    from hicache_operator.rollout import storage_fingerprint
+    from hicache_operator.fleet.storage_config import storage_fingerprint
     return storage_fingerprint(FILE)

@@ -15,17 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from hicache_operator.rollout import ActionOutcome, Detach, PodObservation, attach_payload
-from hicache_operator.rollout.act.runtime_client import (
-    BackendError,
-    BadResponse,
-    Load,
-    NotIdle,
-    RuntimeClient,
-    Unauthorized,
-    Unreachable,
-    shared_client,
-)
+from hicache_operator.rollout import ActionOutcome, Detach, PodObservation
+from hicache_operator.fleet.storage_config import attach_payload
+from hicache_operator.rollout.act.runtime_client import BackendError, BadResponse, Load, NotIdle, RuntimeClient, Unauthorized, Unreachable, shared_client
 
 KEY = "s3cret-admin"
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hicache_operator.rollout import ReportedBackend, StorageConfig, attach_payload, config_matches, storage_fingerprint
-from hicache_operator.rollout.storage_config import as_target, updatable_in_place
+from hicache_operator.fleet.storage_config import ReportedBackend, StorageConfig, attach_payload, config_matches, storage_fingerprint
+from hicache_operator.fleet.storage_config import as_target, updatable_in_place
 
 MOONCAKE = {
     "backend": "mooncake",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from hicache_operator.rollout.act.runtime_client import RuntimeView
-from hicache_operator.rollout.storage_config import ReportedBackend
+from hicache_operator.fleet.storage_config import ReportedBackend
 from hicache_operator.rollout.act.views import CachedView, ViewCache, _stretch
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)

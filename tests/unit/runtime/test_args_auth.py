@@ -96,6 +96,6 @@ def test_auth_levels():
 
 def test_the_operator_knows_the_default_device_pool():
     """The operator sizes a bundled pod's host pool (and memory request) from this default."""
-    from hicache_operator import engine
+    from hicache_operator.plan.engine import features as engine
 
     assert ServerArgs().max_total_tokens == engine.BUNDLED_DEVICE_TOKENS

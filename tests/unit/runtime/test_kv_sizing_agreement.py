@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cache_runtime.models.config import load_config
-from hicache_operator import model_shapes
+from hicache_operator.plan.model import shapes as model_shapes
 from tests.support.checkpoints import ORACLE_KINDS
 
 

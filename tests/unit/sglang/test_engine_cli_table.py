@@ -1,11 +1,11 @@
-"""hicache_operator/engine_cli.json holds what each checked SGLang release's own parser knows, and
+"""hicache_operator/plan/engine/cli.json holds what each checked SGLang release's own parser knows, and
 extraArgs are read against it: a flag the release's parser refuses is refused, one it accepts is not."""
 
 from __future__ import annotations
 
 import pytest
 
-from hicache_operator import engine_cli, engine_versions
+from hicache_operator.plan.engine import cli as engine_cli, versions as engine_versions
 from tests.support import engine_cli as generator
 from tests.support import sglang_oracle
 

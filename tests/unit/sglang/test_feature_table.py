@@ -1,4 +1,4 @@
-"""The engine feature table (hicache_operator.engine_versions) against the real SGLang releases.
+"""The engine feature table (hicache_operator.plan.engine.versions) against the real SGLang releases.
 
 For each release in ORACLE_VERSIONS a child process imports that release and probes each feature
 in the table the way a pod would meet it: its own argument parser for flags, choices and
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_operator import engine_versions as ev
-from hicache_operator import flags
+from hicache_operator.plan.engine import versions as ev
+from hicache_operator.api import flags
 from tests.support import sglang_oracle
 
 # Runs inside the child (sglang_oracle.run): reads the request on stdin, prints one JSON line.

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hicache_operator import engine, engine_versions, validation
+from hicache_operator.plan.engine import features as engine, versions as engine_versions
+from hicache_operator.plan import validation
 from tests.support import sglang_oracle
 from tests.unit.sglang.test_rendered_commands import base, rendered
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_operator import engine, engine_cli, engine_versions, validation
+from hicache_operator.plan.engine import features as engine, cli as engine_cli, versions as engine_versions
+from hicache_operator.plan import validation
 from tests.support import sglang_oracle
 from tests.unit.sglang.test_rendered_commands import base, rendered
 

@@ -16,7 +16,8 @@ import json
 import pytest
 import yaml
 
-from hicache_operator import engine_versions, reconcile
+from hicache_operator.plan.engine import versions as engine_versions
+from hicache_operator.control import pipeline as reconcile
 from tests.support import sglang_oracle
 from tests.unit.operator.op_helpers import SAMPLES, body, gpu_node, sample_nodes
 

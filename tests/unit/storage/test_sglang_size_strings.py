@@ -13,7 +13,8 @@ import pytest
 
 from cache_runtime.storage.file_eviction import parse_size
 from cache_runtime.storage.mooncake_config import parse_segment_size
-from hicache_operator import engine_versions, sizing, validation
+from hicache_operator.plan.engine import versions as engine_versions
+from hicache_operator.plan import sizing, validation
 from tests.support import sglang_oracle
 
 VALUES = ["200G", "200Gi", "500m", "500M", "200g", "10K", "10k", "10Ki", "1Ti", "1.5G", "1.5Gi", "25.6k",

@@ -16,10 +16,11 @@ from typing import Any
 
 import kopf
 
-from hicache_operator import labels, render
-from hicache_operator.controller import Controller
-from hicache_operator.informers import NodeCache, master_essence, pod_essence, pod_identity, slice_readiness
-from hicache_operator.spec import GROUP, PLURAL, VERSION
+from hicache_operator.api import labels
+from hicache_operator.plan import render
+from hicache_operator.control.controller import Controller
+from hicache_operator.control.informers import NodeCache, master_essence, pod_essence, pod_identity, slice_readiness
+from hicache_operator.api.spec import GROUP, PLURAL, VERSION
 
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 OURS = {"labels": {labels.MANAGED_BY: labels.MANAGER}}

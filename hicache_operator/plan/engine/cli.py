@@ -1,6 +1,6 @@
 """The flags each engine's parser knows, and ``spec.extraArgs`` read against them and the flag table.
 
-``engine_cli.json`` is generated from the parsers themselves (``python -m tests.support.engine_cli``:
+``cli.json`` is generated from the parsers themselves (``python -m tests.support.engine_cli``:
 the bundled runtime's, and SGLang's for every release in ``engine_versions.ORACLE_VERSIONS``; a unit
 test keeps it current). A release between the checked ones is read against all of them; one newer
 than the newest checked is not read for unknown flags. Both parsers are argparse with abbreviations
@@ -22,9 +22,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
-from hicache_operator import engine_versions, flags
+from hicache_operator.plan.engine import versions as engine_versions
+from hicache_operator.api import flags
 
-TABLE_PATH = Path(__file__).with_name("engine_cli.json")
+TABLE_PATH = Path(__file__).with_name("cli.json")
 
 
 @lru_cache(maxsize=1)

@@ -31,13 +31,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hicache_operator import engine, flags, labels, model_source, overlay
-from hicache_operator.rollout import gate
-from hicache_operator.rollout.storage_config import (StorageConfig, page_namespace as format_namespace,
-                                                     storage_fingerprint, with_page_namespace)
-from hicache_operator.sizing import SizingRecord, memory_quantity
-from hicache_operator.spec import (GROUP, KIND, RUNTIME_CONTAINER, VERSION, HiCacheDeploymentSpec, ManagedMaster,
-                                   resolve_max_unavailable)
+from hicache_operator.plan.engine import features as engine
+from hicache_operator.api import flags, labels
+from hicache_operator.plan.model import source as model_source
+from hicache_operator.plan import overlay
+from hicache_operator.fleet import gate
+from hicache_operator.fleet.storage_config import StorageConfig, page_namespace as format_namespace, storage_fingerprint, with_page_namespace
+from hicache_operator.api.status import SizingRecord
+from hicache_operator.plan.sizing import memory_quantity
+from hicache_operator.api.spec import GROUP, KIND, RUNTIME_CONTAINER, VERSION, HiCacheDeploymentSpec, ManagedMaster, resolve_max_unavailable
 
 ADMIN_SECRET_KEY = "admin-api-key"
 API_SECRET_KEY = "api-key"

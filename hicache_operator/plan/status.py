@@ -1,4 +1,4 @@
-"""HiCacheDeployment.status: its model (for the CRD) and the one pure function that computes it.
+"""HiCacheDeployment.status: the one pure function that computes it (its shape: ``api.status``).
 
 ``derive`` builds the whole status from one ``Observed``: what the operator decided
 (``Desired``, or the validation errors), what it observes (the pods), problems found elsewhere
@@ -15,95 +15,13 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from hicache_operator.api import labels
+from hicache_operator.plan.model import source as model_source
+from hicache_operator.api.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition, set_conditions
+from hicache_operator.api.status import OWN_CONDITIONS, REFUSED_REASON, ROUTER_READY, SWAP_CONDITIONS, EffectiveConfig, MooncakeMasterStatus, SizingRecord
+from hicache_operator.fleet.pods import annotation, init_running, pod_is_ready, pod_serves, pod_is_terminating, pod_runs, unavailable_reason
+from hicache_operator.plan.sizing import fmt_bytes
 
-from hicache_operator import labels, model_source
-from hicache_operator.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition, set_conditions
-from hicache_operator.pods import (
-    annotation,
-    init_running,
-    pod_is_ready,
-    pod_serves,
-    pod_is_terminating,
-    pod_runs,
-    unavailable_reason,
-)
-from hicache_operator.sizing import SizingRecord, fmt_bytes
-
-SWAP_CONDITIONS = (SWAP_IN_PROGRESS, SWAP_FAILED)
-REFUSED_REASON = "RefusedByAPIServer"
-ROUTER_READY = "RouterReady"
-OWN_CONDITIONS = ("ConfigValid", "Ready", "Progressing", "Degraded", ROUTER_READY, *SWAP_CONDITIONS)
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-
-class RuleNote(_Model):
-    """A rule applied to the spec: a normalisation made or a warning raised."""
-
-    rule: str = Field(description="The rule's name (docs/validation-rules.md).")
-    message: str = Field(description="What the rule did or found, and what to change.")
-
-
-class EffectiveConfig(_Model):
-    """What the pods run: the spec after normalisation, the rendered command, and the rules applied."""
-
-    engine: str = Field(description="spec.engine.")
-    model: str = Field(description="spec.model.")
-    hicache: dict[str, Any] = Field(description="spec.hicache after normalisation.")
-    command: list[str] = Field(description="The runtime container's command.")
-    args: list[str] = Field(description="The engine's arguments rendered from the spec.")
-    restart_hash: str = Field(description="Hash of the pod template without the storage config; a change restarts pods.")
-    storage_hash: str = Field(description="Fingerprint of the storage config; a change is swapped live.")
-    normalisations: list[RuleNote] = Field(default_factory=list, description="What validation changed in the spec.")
-    warnings: list[RuleNote] = Field(default_factory=list, description="What validation found worth a look.")
-
-    def dump(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, mode="json")
-
-
-class MooncakeMasterStatus(_Model):
-    """The managed Mooncake master (spec.hicache.storage.mooncake.managed)."""
-
-    deployment: str = Field(description="Its Deployment and Service.")
-    address: str | None = Field(None, description="What the pods' MOONCAKE_MASTER names.")
-    replicas: int = Field(description="Masters wanted (one, or the HA leader and standbys).")
-    ready_replicas: int = Field(description="Masters whose /health answers (readiness probe).")
-    ready: bool = Field(description="At least one master is ready.")
-
-
-class HiCacheDeploymentStatus(_Model):
-    """The fleet as the operator last observed it: every field and condition derived from one observation."""
-
-    observed_generation: int | None = Field(None, description="The metadata.generation this status describes.")
-    replicas: int | None = Field(None, description="Pods that exist (not terminating).")
-    ready_replicas: int | None = Field(None, description="Pods that are Ready and in serving (not taken out by a swap or restart).")
-    ready: str | None = Field(None, description="readyReplicas/spec.replicas, for the READY column.")
-    updated_replicas: int | None = Field(
-        None, description="Pods (not terminating) created from the current pod template; the others are restarted, "
-                          "drained first, within rollout.maxUnavailable.")
-    selector: str | None = Field(None, description="Pod label selector (scale subresource).")
-    conditions: list[Condition] = Field(default_factory=list, description=(
-        f"The fleet's conditions: {', '.join(OWN_CONDITIONS)}."))
-    effective_config: EffectiveConfig | None = Field(
-        None, description="The configuration after normalisation, the rendered arguments, and every rule applied.")
-    sizing: SizingRecord | None = Field(None, description="Host pool sizing: every term of the pods' memory, and "
-                                                          "the engine's host headroom check for the last rank.")
-    host_pool: str | None = Field(None, description="Host pool per rank, for the HOST-POOL column.")
-    current_backend: str | None = Field(
-        None, description="L3 backend the running pods run: the target when all do, else the one most of the "
-                          "others run; unset while no pod runs.")
-    target_backend: str | None = Field(None, description="L3 backend the spec asks for.")
-    swap_progress: str | None = Field(
-        None, description="Running pods on the target storage config / spec.replicas.")
-    router_ready: str | None = Field(
-        None, description="Ready router pods / spec.router.replicas, for the ROUTER column; unset without the router.")
-    backend_swap: dict[str, Any] | None = Field(None, description="Backend swap state, owned by the rollout module.")
-    mooncake_master: MooncakeMasterStatus | None = Field(
-        None, description="The managed Mooncake master's readiness; unset without one.")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hicache_operator import engine_cli, engine_versions, model_shapes
-from hicache_operator.spec import HiCacheDeploymentSpec
+from hicache_operator.plan.engine import cli as engine_cli, versions as engine_versions
+from hicache_operator.plan.model import shapes as model_shapes
+from hicache_operator.api.spec import HiCacheDeploymentSpec
 
 # SGLang keeps this much host RAM free when it checks a host pool (HICACHE_HOST_MEMORY_RESERVE_BYTES).
 SGLANG_HOST_RESERVE_BYTES = 10 * 2**30

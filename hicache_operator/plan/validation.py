@@ -15,10 +15,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hicache_operator import engine, engine_cli, engine_versions, flags, model_source, overlay, render, sizing
-from hicache_operator.rollout.storage_config import FILE_DEFAULT_DIR, hostname_paths, without_hostnames
-from hicache_operator.rules import OPERATOR_KEY_PREFIX, OPERATOR_LABEL_KEYS, rule
-from hicache_operator.spec import HiCacheDeploymentSpec, resolve_max_unavailable
+from hicache_operator.plan.engine import features as engine, cli as engine_cli, versions as engine_versions
+from hicache_operator.api import flags
+from hicache_operator.plan.model import source as model_source
+from hicache_operator.plan import overlay, render, sizing
+from hicache_operator.fleet.storage_config import FILE_DEFAULT_DIR, hostname_paths, without_hostnames
+from hicache_operator.api.rules import OPERATOR_KEY_PREFIX, OPERATOR_LABEL_KEYS, rule
+from hicache_operator.api.status import SizingRecord
+from hicache_operator.api.spec import HiCacheDeploymentSpec, resolve_max_unavailable
 
 DYNAMIC_REQUIRED = ("backend_name", "module_path", "class_name")
 MOONCAKE_DEFAULTS = {"protocol": "tcp", "metadata_server": "P2PHANDSHAKE"}
@@ -40,7 +44,7 @@ def finding(name: str, **params: Any) -> Finding:
 class Outcome:
     spec: HiCacheDeploymentSpec | None  # the effective (normalised) spec; None when unparseable
     findings: list[Finding] = field(default_factory=list)
-    sizing: sizing.SizingRecord | None = None
+    sizing: SizingRecord | None = None
 
     def of(self, severity: str) -> list[Finding]:
         return [f for f in self.findings if f.severity == severity]
@@ -172,7 +176,7 @@ def check_page_size(spec: HiCacheDeploymentSpec, eligible: list[sizing.NodeInfo]
     return []
 
 
-def check_overlay(spec: HiCacheDeploymentSpec, sized: sizing.SizingRecord | None, name: str | None) -> list[Finding]:
+def check_overlay(spec: HiCacheDeploymentSpec, sized: SizingRecord | None, name: str | None) -> list[Finding]:
     """spec.podTemplate against the pod the operator renders (what it may not change is read from it)."""
     if spec.hicache.host_pool.from_node_memory is not None and sized is None:
         return []  # the pod cannot be rendered without nodes; the plan says so
@@ -538,7 +542,7 @@ def normalise(spec: HiCacheDeploymentSpec, name: str | None = None,
     return HiCacheDeploymentSpec.model_validate(d), out
 
 
-def check_memory_request(spec: HiCacheDeploymentSpec, record: sizing.SizingRecord) -> list[Finding]:
+def check_memory_request(spec: HiCacheDeploymentSpec, record: SizingRecord) -> list[Finding]:
     need = record.pod_memory_bytes
     out = []
     for which in ("requests", "limits"):
@@ -570,7 +574,7 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, namespace: st
         return outcome
     # a pinned record is reused only if it fitted: a fleet no node could hold is sized afresh
     # each time, so a node that arrives later is found
-    pinned = sizing.SizingRecord.read(pinned_sizing)
+    pinned = SizingRecord.read(pinned_sizing)
     if pinned is not None and pinned.inputs_hash == sizing.inputs_hash(effective) and pinned.ineligible is None:
         outcome.sizing = pinned
     elif nodes is not None or effective.hicache.host_pool.from_node_memory is None:

@@ -20,9 +20,9 @@ from typing import Any, Callable
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator import labels
-from hicache_operator.metrics import API_POOL_WAIT_SECONDS, API_SECONDS
-from hicache_operator.spec import GROUP, PLURAL, VERSION
+from hicache_operator.api import labels
+from hicache_operator.io.metrics import API_POOL_WAIT_SECONDS, API_SECONDS
+from hicache_operator.api.spec import GROUP, PLURAL, VERSION
 
 FIELD_MANAGER = "hicache-operator"
 _APPLY_PATHS = {

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hicache_operator import flags, model_download
-from hicache_operator.rules import rule
-from hicache_operator.spec import HiCacheDeploymentSpec, HuggingFaceSource
+from hicache_operator.api import flags
+from hicache_operator.plan.model import download as model_download
+from hicache_operator.api.rules import rule
+from hicache_operator.api.spec import HiCacheDeploymentSpec, HuggingFaceSource
 
 MODEL_VOLUME = "model"
 MODEL_DIR = "/hicache/model"

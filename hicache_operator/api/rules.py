@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hicache_operator import labels
+from hicache_operator.api import labels
 
 Severity = Literal["error", "warning", "normalised"]
 

@@ -15,12 +15,16 @@ from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hicache_operator import labels, model_progress, model_source, render, sizing
-from hicache_operator.kube import Kube
-from hicache_operator.pods import pod_is_terminating, restart_hash_of
-from hicache_operator.rules import rule
-from hicache_operator.status import Desired, EffectiveConfig, MooncakeMasterStatus, RuleNote, build_status
-from hicache_operator.validation import Finding, Outcome, validate
+from hicache_operator.api import labels
+from hicache_operator.io import model_progress
+from hicache_operator.plan.model import source as model_source
+from hicache_operator.plan import render, sizing
+from hicache_operator.io.kube import Kube
+from hicache_operator.fleet.pods import pod_is_terminating, restart_hash_of
+from hicache_operator.api.rules import rule
+from hicache_operator.plan.status import Desired, build_status
+from hicache_operator.api.status import EffectiveConfig, MooncakeMasterStatus, RuleNote
+from hicache_operator.plan.validation import Finding, Outcome, validate
 
 
 @dataclass

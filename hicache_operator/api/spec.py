@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from hicache_operator import flags
-from hicache_operator.rules import cel_rules
+from hicache_operator.api import flags
+from hicache_operator.api.rules import cel_rules
 
 GROUP = "hicache.dev"
 VERSION = "v1alpha1"

@@ -18,8 +18,8 @@ import copy
 import threading
 from typing import Any, Mapping
 
-from hicache_operator import render
-from hicache_operator.rollout.gate import serving_gate, with_gate
+from hicache_operator.plan import render
+from hicache_operator.fleet.gate import serving_gate, with_gate
 
 from .bodies import BodyCache
 from .nodes import NodeCache

@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from hicache_operator import labels
-from hicache_operator.rollout import gate
+from hicache_operator.api import labels
+from hicache_operator.fleet import gate
 
 
 def pod_is_ready(pod: dict) -> bool:

@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator.sizing import Nodes
+from hicache_operator.plan.sizing import Nodes
 
 PAGE = 500
 WATCH_SECONDS = 240

@@ -16,10 +16,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from hicache_operator import labels
+from hicache_operator.api import labels
 
-from .actions import SetServingGate
-from .storage_config import storage_fingerprint
+from hicache_operator.fleet.storage_config import storage_fingerprint
 
 LABEL = f"{labels.PREFIX}/serving"
 
@@ -53,15 +52,16 @@ def with_gate(pod: dict, serving: bool) -> dict:
     return pod
 
 
-def patch(action: SetServingGate, target_fingerprint: str, target_backend: str) -> dict[str, Any]:
-    """The pod patch for ``action``: the label, guarded by the pod's uid (a precondition: never a
-    replacement pod of the same name), and with a readmission the storage annotations of the
-    config its runtime was seen running (``action.runs``)."""
-    meta: dict[str, Any] = {"uid": action.uid, "labels": {LABEL: "true" if action.serving else "false"}}
-    if action.serving and action.runs is not None:
-        runs = storage_fingerprint(action.runs)
-        on_target = runs == target_fingerprint
+def patch(uid: str, serving: bool, runs: dict[str, Any] | None, target_fingerprint: str,
+          target_backend: str) -> dict[str, Any]:
+    """The pod patch that sets the membership ``serving``: the label, guarded by the pod's ``uid``
+    (a precondition: never a replacement pod of the same name), and with a readmission the storage
+    annotations of the config its runtime was seen running (``runs``)."""
+    meta: dict[str, Any] = {"uid": uid, "labels": {LABEL: "true" if serving else "false"}}
+    if serving and runs is not None:
+        fingerprint = storage_fingerprint(runs)
+        on_target = fingerprint == target_fingerprint
         meta["annotations"] = {
-            labels.STORAGE_HASH: runs,
-            labels.STORAGE_BACKEND: target_backend if on_target else (action.runs.get("backend") or "none")}
+            labels.STORAGE_HASH: fingerprint,
+            labels.STORAGE_BACKEND: target_backend if on_target else (runs.get("backend") or "none")}
     return {"metadata": meta}

@@ -49,14 +49,15 @@ import json
 import re
 from decimal import Decimal
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic.alias_generators import to_camel
 
-from hicache_operator import engine, flags, model_shapes
-from hicache_operator.spec import RUNTIME_CONTAINER, HiCacheDeploymentSpec
+from hicache_operator.plan.engine import features as engine
+from hicache_operator.api import flags
+from hicache_operator.plan.model import shapes as model_shapes
+from hicache_operator.api.spec import RUNTIME_CONTAINER, HiCacheDeploymentSpec
+from hicache_operator.api.status import SizingRecord
 
 GB = 10**9
 GIB = 2**30
@@ -91,85 +92,6 @@ class SizingError(Exception):
         super().__init__(rule)
         self.rule = rule
         self.params = params
-
-
-class SizingRecord(BaseModel):
-    """How the host pools and the pod's memory were sized, every term in bytes (``status.sizing``)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
-
-    inputs_hash: str = Field(description="Hash of the spec fields sizing reads; the record is reused while it holds.")
-    mode: Literal["fromNodeMemory", "sizeGBPerRank", "ratio"] = Field(description="Which hostPool field sized the pools.")
-    placement: Literal["pack", "spread"] = Field(description="spec.placement.policy.")
-    ranks_per_pod: int = Field(description="Ranks (GPUs) of one pod, each with its own host pool.")
-    pods_per_node_by_gpus: int | None = Field(None, description="Pods the sizing node may hold by its GPUs and the "
-                                              "placement: nvidia.com/gpu // ranksPerPod with pack, 1 with spread "
-                                              "or hostNetwork.")
-    pods_per_node_by_memory: int | None = Field(None, description="Pods the sizing node's allocatable memory holds at "
-                                                "podMemoryBytes each (the scheduler's memory bound).")
-    pods_per_node: int | None = Field(None, description="Pods the sizing node may hold: the smaller bound.")
-    ranks_per_node: int | None = Field(None, description="podsPerNode x ranksPerPod.")
-    placement_formula: str | None = Field(None, description="podsPerNode, bound by bound.")
-    overhead_bytes: int = Field(description="hostPool.overheadGiB: the processes themselves.")
-    shm_bytes: int = Field(description="hostPool.shmGiB: the memory-backed /dev/shm.")
-    mooncake_segment_bytes: int | None = Field(None, description="The Mooncake global segment the pod lends.")
-    sidecar_bytes: int | None = Field(None, description="Memory requests of the containers podTemplate adds.")
-    mooncake_local_buffer_bytes: int | None = Field(
-        None, description="The ranks' Mooncake transfer buffers (local_buffer_size each; SGLang: 16 MiB).")
-    engine_reserve_bytes: int = Field(description="What SGLang's host headroom check keeps free (0 without it).")
-    page_cache_bytes: int | None = Field(None, description="The checkpoint's page cache, which the headroom check of "
-                                         "SGLang 0.5.21 counts as used when the ranks allocate (later releases count "
-                                         "it as free).")
-    admission_slack_bytes: int | None = Field(None, description="Room the headroom check leaves beyond every other "
-                                              "term: 1 GiB per rank, for processes holding more than overheadGiB.")
-    pool_multiplier: int = Field(description="Pools the limit must hold: 2r-1 with SGLang's check, else r.")
-    page_size: int = Field(description="Tokens per page (spec.pageSize): pools hold whole pages.")
-    bytes_per_token: int | None = Field(None, description="KV bytes per token per rank; unset for a model of unknown shape.")
-    eligible_nodes: int | None = Field(None, description="Nodes the pods may land on; unset when the nodes were not read.")
-    sizing_node: str | None = Field(None, description="The eligible node with the least memory per pod it may hold "
-                                                      "(allocatable, or fromNodeMemory's share, / podsPerNodeByGpus): "
-                                                      "the pools are sized for it.")
-    node_allocatable_bytes: int | None = Field(None, description="The sizing node's allocatable memory.")
-    ineligible: str | None = Field(None, description="Why no node is eligible, node by node.")
-    fraction: float | None = Field(None, description="fromNodeMemory.fraction: the share of the node's allocatable "
-                                   "memory the fleet's pods on it may take.")
-    reserve_bytes: int | None = Field(None, description="fromNodeMemory.reserveGiB: kept out of that share.")
-    budget_per_rank_bytes: int | None = Field(None, description="What one rank's pool may take: the pod's share less "
-                                              "the other terms, over poolMultiplier.")
-    budget_formula: str | None = Field(None, description="budgetPerRankBytes, term by term, down to --hicache-size.")
-    hicache_size_gb: int | None = Field(None, alias="hicacheSizeGB", description="--hicache-size per rank (GB).")
-    ratio: float | None = Field(None, description="hostPool.ratio: host pool tokens per device pool token.")
-    host_pool_pages_per_rank: int | None = Field(None, description="Pages of one rank's host pool (SGLang: what "
-                                                 "--hicache-size buys, plus one).")
-    host_pool_tokens_per_rank: int | None = Field(None, description="hostPoolPagesPerRank x pageSize.")
-    host_pool_bytes_per_rank: int | None = Field(None, description="hostPoolTokensPerRank x bytesPerToken: what each "
-                                                 "rank allocates.")
-    pod_memory_bytes: int | None = Field(None, description="The runtime container's memory request and limit (the "
-                                                           "pod's, with sidecarBytes beside it).")
-    pod_memory: str | None = Field(None, description="podMemoryBytes as a quantity (whole MiB).")
-    formula: str | None = Field(None, description="podMemoryBytes, term by term.")
-    engine_headroom_check: str | None = Field(None, description="SGLang's headroom check for the last rank.")
-    engine_headroom_spare_bytes: int | None = Field(None, description="What that check leaves the last rank beyond "
-                                                    "its pool: admissionSlackBytes / ranksPerPod, plus the limit's "
-                                                    "rounding to whole MiB.")
-    note: str | None = Field(None, description="Why the pools could not be sized here.")
-
-    @property
-    def storage_bytes(self) -> int:
-        """The terms the Mooncake backend adds, which a live swap changes (left out of the restart hash)."""
-        return (self.mooncake_segment_bytes or 0) + (self.mooncake_local_buffer_bytes or 0)
-
-    def dump(self) -> dict[str, Any]:
-        """The camelCase dict status carries."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-    @classmethod
-    def read(cls, raw: Any) -> "SizingRecord | None":
-        """A record from a status; None when absent or unreadable (sizing then runs afresh)."""
-        try:
-            return cls.model_validate(raw) if isinstance(raw, dict) else None
-        except ValidationError:
-            return None
 
 
 @dataclass(frozen=True)

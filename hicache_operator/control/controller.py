@@ -43,15 +43,18 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator import failures, metrics, render
-from hicache_operator.conditions import now
-from hicache_operator.informers import Informers, Key
-from hicache_operator.kube import ChildRefused, Kube, load_config
-from hicache_operator.reconcile import Plan, Result, reconcile
-from hicache_operator.rollout import act, due, gate
-from hicache_operator.spec import HiCacheDeploymentSpec
-from hicache_operator.status import SwapView
-from hicache_operator.workqueue import Request, WorkQueue
+from hicache_operator.control import failures
+from hicache_operator.io import metrics
+from hicache_operator.plan import render
+from hicache_operator.api.conditions import now
+from hicache_operator.control.informers import Informers, Key
+from hicache_operator.io.kube import ChildRefused, Kube, load_config
+from hicache_operator.control.pipeline import Plan, Result, reconcile
+from hicache_operator.rollout import act, due
+from hicache_operator.fleet import gate
+from hicache_operator.api.spec import HiCacheDeploymentSpec
+from hicache_operator.plan.status import SwapView
+from hicache_operator.control.workqueue import Request, WorkQueue
 
 PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
 INTERVAL = float(os.environ.get("HICACHE_RECONCILE_INTERVAL", "30"))

@@ -17,13 +17,13 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator import status as status_
-from hicache_operator.conditions import now
-from hicache_operator.kube import ChildRefused
+from hicache_operator.plan import status as status_
+from hicache_operator.api.conditions import now
+from hicache_operator.io.kube import ChildRefused
 
 if TYPE_CHECKING:
-    from hicache_operator.controller import Controller
-    from hicache_operator.informers import Key
+    from hicache_operator.control.controller import Controller
+    from hicache_operator.control.informers import Key
 
 FAILED_REASON = "ReconcileFailed"
 # Errors from the API server or the way to it: the message says all, a traceback would not help.

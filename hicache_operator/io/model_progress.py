@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from hicache_operator.flags import RUNTIME_PORT
-from hicache_operator.model_source import DOWNLOAD_CONTAINER, PROGRESS_PATH
-from hicache_operator.pods import init_running
+from hicache_operator.api.flags import RUNTIME_PORT
+from hicache_operator.plan.model.source import DOWNLOAD_CONTAINER, PROGRESS_PATH
+from hicache_operator.fleet.pods import init_running
 
 TIMEOUT = httpx.Timeout(1.0)
 

@@ -1,0 +1,3 @@
+"""Control: kopf registration, the controller and its work queue, informers, failures, and the
+reconcile pipeline. The top of the operator; only ``tools`` and ``__main__`` sit above it.
+"""

@@ -1,0 +1,1 @@
+"""The served model: where its checkpoint comes from, its KV shape, the download init container."""
