@@ -273,7 +273,13 @@ async def run_handover(run: Passes, target: StorageConfig | Mapping[str, Any], s
                   and run.observed[name].endpoint_ready is not True]
     if not readmitted:
         return run
-    seen = {**run.observed, **{n: run.observed[n].model_copy(update={"endpoint_ready": True}) for n in readmitted}}
+    # the watch now: the readmitted pods' endpoints ready, and any endpoint that stopped being
+    # ready while the step ran (a pod that crashed or restarted) counted as unavailable
+    lost = [name for name, pod in run.observed.items()
+            if pod.endpoint_ready is True and endpoint_ready.get(name) is False]
+    seen = {**run.observed,
+            **{n: run.observed[n].model_copy(update={"endpoint_ready": False}) for n in lost},
+            **{n: run.observed[n].model_copy(update={"endpoint_ready": True}) for n in readmitted}}
     plan = plan_step(target, list(seen.values()), settings, run.state, clock())
     if any(not isinstance(a, SetServingGate) for a in plan.actions):
         return run

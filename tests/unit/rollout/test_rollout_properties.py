@@ -101,6 +101,10 @@ def apply_world(fleet: Fleet, kind: str, config: str, index: int) -> None:
 @example(n=1, max_unavailable=1, initial="file", first_target="file", seed=2, flaky=0.0, follow=False, watch_moves=0.0,
          router=False, history=[("calm", "file", 0, "ok", 0)] * 6 + [("template", "file", 0, "ok", 0), ("calm", "file", 0, "ok", 0),
                                                       ("glitch", "file", 0, "ok", 0)])
+# A pod restarted while a step ran: the step's handover pass, freeing the slot of a readmission
+# the watch saw finish, must count the restarted pod's endpoint as lost, not as the step saw it.
+@example(n=3, max_unavailable=1, initial="file-selective", first_target="file", seed=194, flaky=0.0, follow=True,
+         watch_moves=0.5, router=False, history=[("calm", "file", 0, "ok", 0)] * 3 + [("restart", "file", 1, "ok", 0)])
 def test_fleet_invariants_under_chaos(n, max_unavailable, initial, first_target, seed, flaky, history, follow,
                                      watch_moves, router):
     fleet = Fleet(n, initial, max_unavailable=max_unavailable, seed=seed, flaky=flaky, passes=follow,
