@@ -11,7 +11,7 @@ from hicache_operator import labels, metrics, render
 from hicache_operator.controller import Controller
 from hicache_operator.kube import Kube
 from hicache_operator.rollout import endpoint_lag
-from tests.e2e.helpers import wait_for
+from testbed.kube import wait_for
 
 pytestmark = pytest.mark.e2e
 NS = "endpoint-resync"

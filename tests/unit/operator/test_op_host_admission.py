@@ -15,7 +15,7 @@ import pytest
 
 from hicache_operator import engine_versions, sizing
 from hicache_operator.spec import HiCacheDeploymentSpec
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 
 from op_helpers import gpu_node
 
@@ -25,7 +25,7 @@ LLAMA_8B_CHECKPOINT = 16_060_556_376  # meta-llama/Llama-3.1-8B-Instruct, its fo
 CHILD = r"""
 import functools, json, sys, tempfile, types
 from pathlib import Path
-from tests.support.sglang_child import stand_in_transfer_kernels
+from testbed.sglang_child import stand_in_transfer_kernels
 stand_in_transfer_kernels()
 from sglang.srt.mem_cache import host_memory
 from sglang.srt.mem_cache.pool_host import base

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from hicache_operator import engine, engine_versions, validation
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 from tests.unit.sglang.test_rendered_commands import base, rendered
 
 CHILD = r'''
 import contextlib, io, json, sys
-from tests.support.sglang_child import resolve_args
+from testbed.sglang_child import resolve_args
 
 
 def faked(gpu):

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from hicache_operator import engine_versions, reconcile
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 from tests.unit.operator.op_helpers import SAMPLES, body, gpu_node, sample_nodes
 
 POD_IP = "10.1.2.3"
