@@ -21,8 +21,17 @@ from hicache_operator.rollout.storage_config import page_namespace
 from hicache_operator.spec import HiCacheDeploymentSpec
 from testbed import sglang_oracle
 from testbed.mooncake import CLIENT_ENV, mooncake_env, mooncake_master  # noqa: F401  (fixtures)
-from testbed.sglang_storage import (MODEL, PAGE, SGLANG_SIDE, Case, io_backend, runtime_keys, runtime_read,
-                                    runtime_write, sglang_request)
+from testbed.sglang_storage import (
+    MODEL,
+    PAGE,
+    SGLANG_SIDE,
+    Case,
+    io_backend,
+    runtime_keys,
+    runtime_read,
+    runtime_write,
+    sglang_request,
+)
 
 # the newest oracle: the operator needs 0.5.22 for the file backend and 0.5.21 for Mooncake
 VERSION = next((v for v in ("0.5.23", "0.5.22") if sglang_oracle.installed(v)), None)

@@ -31,8 +31,19 @@ from cache_runtime.storage import create_storage_backend
 from cache_runtime.storage.hashing import namespace_seed, page_hashes
 from testbed import sglang_oracle
 from testbed.mooncake import CLIENT_ENV, mooncake_env, mooncake_master  # noqa: F401  (fixtures)
-from testbed.sglang_storage import (LAYOUTS, MODEL, PAGE, SGLANG_SIDE, Case, RuntimeCache, decode, runtime_keys,
-                                    runtime_read, runtime_write, sglang_request)
+from testbed.sglang_storage import (
+    LAYOUTS,
+    MODEL,
+    PAGE,
+    SGLANG_SIDE,
+    Case,
+    RuntimeCache,
+    decode,
+    runtime_keys,
+    runtime_read,
+    runtime_write,
+    sglang_request,
+)
 
 VERSIONS = sorted(p.name for p in sglang_oracle.ORACLE_ROOT.glob("*") if sglang_oracle.installed(p.name))
 NAMESPACES = [(None, None), (None, "tenant-a"), ("lora-x", "tenant-a")]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from cache_runtime.storage import HiCacheStorageConfig, StorageUnavailable, create_storage_backend, page_hashes
-from testbed.mooncake import MooncakeMaster, mooncake_env, mooncake_master, mooncake_raw  # noqa: F401  (fixtures)
+from testbed.mooncake import (MooncakeMaster, mooncake_env, mooncake_master,  # noqa: F401  (fixtures)
+                                    mooncake_raw)
 
 KEYS = page_hashes(list(range(96)), 16)  # 6 chained page keys
 PAGE = 4096  # bytes per page (K half + V half for MHA)
