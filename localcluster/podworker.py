@@ -189,9 +189,10 @@ class PodWorker(threading.Thread):
             logf.close()
             self.proc = zygote.spawn(argv, env, self.dir, self._log(c))
         else:
-            argv = with_hosts(argv, service_hosts(self.runner.core, self.ns), self.dir / "hosts")
-            self.proc = subprocess.Popen(argv, env=env, cwd=self.dir, stdout=logf,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
+            hosts = service_hosts(self.runner.core, self.ns)
+            self.proc = subprocess.Popen(with_hosts(argv, hosts, self.dir / "hosts"), env=env, cwd=self.dir,
+                                         stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         process_group=0)
             logf.close()
         self.started_at = now()
         self.process_started = time.monotonic()
