@@ -28,7 +28,7 @@ import yaml
 
 from . import netns, pki as pkimod
 from .nodes import GPU_RESOURCE, LOOPBACK_NET, PRIVATE_NET, RDMA_RESOURCE, Network, NodeSpec, default_nodes
-from .podspec import PROCESS_BACKED_ANNOTATION
+from .podspec import PROCESS_BACKED_ANNOTATION, image_volume_dir
 
 REPO = Path(__file__).resolve().parents[1]  # pods run the checkout's code (PYTHONPATH)
 HERE = Path(__file__).resolve().parent
@@ -96,12 +96,11 @@ class LocalCluster:
 
     @property
     def images_dir(self) -> Path:
-        """Image volumes' files (see ``podrunner.image_volume_dir``)."""
+        """Image volumes' files (see ``podspec.image_volume_dir``)."""
         return self.workdir / "images"
 
     def image_volume(self, reference: str) -> Path:
         """The directory a process-backed pod's image volume of ``reference`` mounts."""
-        from .podrunner import image_volume_dir
         return image_volume_dir(self.images_dir, reference)
 
     @property
