@@ -18,10 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.cluster import netns  # noqa: E402
-from tests.cluster.localcluster import LocalCluster, NodeSpec  # noqa: E402
+from localcluster import netns
+from localcluster.cluster import LocalCluster
+from localcluster.nodes import NodeSpec
 
 
 def rss_mb(pid: int) -> dict[str, float]:

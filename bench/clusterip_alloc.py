@@ -20,15 +20,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.cluster import netns  # noqa: E402
-from tests.cluster.localcluster import LocalCluster, default_nodes  # noqa: E402
+from localcluster import netns
+from localcluster.cluster import LocalCluster
+from localcluster.nodes import default_nodes
 
 
 def create_rate(core, ns: str, prefix: str, count: int, concurrency: int, headless: bool) -> dict:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +25,6 @@ import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ADMIN_KEY = "fuzz-admin-key-0123456789"
 # Small limits keep every generated request cheap on a CPU: any prompt + max_new_tokens beyond
@@ -174,7 +172,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
-    from bench._runtime_proc import start_runtime
+    from testbed.runtime_proc import start_runtime
 
     with tempfile.TemporaryDirectory(prefix="fuzz-http-") as tmp:
         server = start_runtime(SERVER_FLAGS, Path(tmp) / "server.log")

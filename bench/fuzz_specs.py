@@ -36,15 +36,13 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hicache_operator.api import flags  # noqa: E402
+from hicache_operator.api import flags
 from hicache_operator.plan import render
-from hicache_operator.io.kube import FIELD_MANAGER  # noqa: E402
-from hicache_operator.control.pipeline import plan  # noqa: E402
-from hicache_operator.api.rules import RULES  # noqa: E402
-from hicache_operator.api.spec import GROUP, KIND, PLURAL, VERSION, HiCacheDeploymentSpec  # noqa: E402
-from hicache_operator.plan.validation import validate  # noqa: E402
+from hicache_operator.io.kube import FIELD_MANAGER
+from hicache_operator.control.pipeline import plan
+from hicache_operator.api.rules import RULES
+from hicache_operator.api.spec import GROUP, KIND, PLURAL, VERSION, HiCacheDeploymentSpec
+from hicache_operator.plan.validation import validate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -395,8 +393,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from kubernetes import client
-    from tests.cluster import netns
-    from tests.cluster.localcluster import LocalCluster, default_nodes
+    from localcluster import netns
+    from localcluster.cluster import LocalCluster
+    from localcluster.nodes import default_nodes
     netns.enter_private_netns()
     with tempfile.TemporaryDirectory(prefix="fuzz-specs-") as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster", nodes=default_nodes(3, 1)).start()

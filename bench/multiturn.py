@@ -66,9 +66,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import (RuntimeProcess, free_port, machine_info, matmul_weight_bytes,  # noqa: E402
-                           no_nan, resolve_model_path, start_runtime, stream_generate)
+from testbed.bench_report import machine_info, no_nan
+from testbed.demo_checkpoint import matmul_weight_bytes, resolve_model_path
+from testbed.runtime_proc import RuntimeProcess, free_port, start_runtime, stream_generate
 
 CONFIGS = ("no_cache", "l1", "l1_l2", "l1_l2_l3_file", "l1_l2_l3_mooncake")
 DEFAULT_CONFIGS = ("l1", "l1_l2", "l1_l2_l3_file")

@@ -39,11 +39,10 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.cluster import netns  # noqa: E402
-from tests.cluster.localcluster import LocalCluster, NodeSpec  # noqa: E402
-from tests.e2e.helpers import OperatorProcess  # noqa: E402
+from localcluster import netns
+from localcluster.cluster import LocalCluster
+from localcluster.nodes import NodeSpec
+from testbed.operator_proc import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("statefulsets", "services", "configmaps", "secrets", "poddisruptionbudgets")

@@ -44,11 +44,11 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import (RuntimeProcess, machine_info, no_nan, resolve_model_path,  # noqa: E402
-                           start_runtime)
-from tests.support.router_proc import Router  # noqa: E402
-from multiturn import l1_tokens, l2_tokens, percentile, run_workload, server_flags, summarise, working_set  # noqa: E402
+from testbed.bench_report import machine_info, no_nan
+from testbed.demo_checkpoint import resolve_model_path
+from testbed.router_proc import Router
+from testbed.runtime_proc import RuntimeProcess, start_runtime
+from multiturn import l1_tokens, l2_tokens, percentile, run_workload, server_flags, summarise, working_set
 
 PODS = 4
 GOAL_HIT_RATE_VS_SINGLE = 0.9

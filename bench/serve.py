@@ -51,9 +51,9 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import (RuntimeProcess, gemm_calibration, machine_info, matmul_weight_bytes, no_nan,  # noqa: E402
-                           resolve_model_path, start_runtime, stream_generate)
+from testbed.bench_report import gemm_calibration, machine_info, no_nan
+from testbed.demo_checkpoint import matmul_weight_bytes, resolve_model_path
+from testbed.runtime_proc import RuntimeProcess, start_runtime, stream_generate
 
 GOAL_RATIO_C1 = 1.0
 GOAL_RATIO_C16 = 2.0

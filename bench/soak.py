@@ -17,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.cluster import netns  # noqa: E402
-from tests.cluster.localcluster import LocalCluster, NodeSpec  # noqa: E402
-from tests.e2e.gateway import Gateway  # noqa: E402
-from tests.e2e.helpers import OperatorProcess, kget, wait_for  # noqa: E402
+from localcluster import netns
+from localcluster.cluster import LocalCluster
+from localcluster.nodes import NodeSpec
+from testbed.gateway import Gateway
+from testbed.kube import kget, wait_for
+from testbed.operator_proc import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -43,11 +43,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import kernels  # noqa: E402
-from kernels import library, validate  # noqa: E402
-from kernels.layouts import (  # noqa: E402
+import kernels
+from kernels import library, validate
+from kernels.layouts import (
     LAYER_FIRST,
     LAYOUTS,
     PAGE_FIRST,
@@ -56,7 +54,7 @@ from kernels.layouts import (  # noqa: E402
     host_shape,
     plane_view,
 )
-from kernels.reference import naive_copy  # noqa: E402
+from kernels.reference import naive_copy
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 

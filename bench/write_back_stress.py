@@ -22,8 +22,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runtime_proc import start_runtime  # noqa: E402
+from testbed.runtime_proc import start_runtime
 
 
 def parse_args(argv=None):

@@ -5,7 +5,7 @@
   2. helm install the operator chart (the operator pod runs as a real process);
   3. kubectl apply a bundled-runtime HiCacheDeployment (2 pods, each a real runtime process)
      whose L1 is smaller than the conversations' working set and whose L2 holds it, with a
-     ReadWriteMany claim mounted for L3 (tests/e2e/tiers.py);
+     ReadWriteMany claim mounted for L3 (testbed/tiers.py);
   4. returning conversations through the client Service (SGLang's cache-aware router in front of
      the pods): the first round is cold, later rounds are served from L2 (and L1);
   5. swap the L3 backend live (none -> file on the shared claim) under traffic, with progress;
@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 WORKDIR = Path(os.environ.get("HICACHE_DEMO_DIR", "/tmp/hicache-demo"))
 NS, NAME = "demo", "tiny"
@@ -49,13 +48,13 @@ def outside() -> int:
     state = WORKDIR / "cluster.json"
     if not state.exists():
         say("starting the local control plane with 3 simulated 8-GPU nodes")
-        rc = subprocess.call([sys.executable, "-m", "tests.cluster", "up", "--workdir", str(WORKDIR),
+        rc = subprocess.call([sys.executable, "-m", "localcluster", "up", "--workdir", str(WORKDIR),
                               "--gpu-nodes", "3", "--cpu-nodes", "1"], cwd=REPO)
         if rc:
             return rc
     else:
         say(f"reusing the local control plane in {WORKDIR}")
-    return subprocess.call([sys.executable, "-m", "tests.cluster", "exec", "--workdir", str(WORKDIR), "--",
+    return subprocess.call([sys.executable, "-m", "localcluster", "exec", "--workdir", str(WORKDIR), "--",
                             sys.executable, str(Path(__file__).resolve()), "--inside"], cwd=REPO)
 
 
@@ -99,7 +98,7 @@ def ready_ips(kind: str, selector: str) -> list[str]:
 
 
 def inside() -> int:
-    from tests.e2e import tiers
+    from testbed import tiers
 
     say("installing the operator with helm (its pod runs as a real local process)")
     kubectl("create", "namespace", "hicache-system", check=False)
@@ -130,7 +129,7 @@ def inside() -> int:
     say("live backend swap: none -> file on the shared claim (prefetch wait_complete), under traffic")
     kubectl("patch", "hcd", NAME, "-n", NS, "--type=merge", "-p", json.dumps(tiers.file_l3(l3)))
     from kubernetes import config
-    from tests.e2e.gateway import Gateway
+    from testbed.gateway import Gateway
     gw = Gateway(config.new_client_from_config(), NS, NAME, concurrency=3).start()
 
     def swapped() -> bool:

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 VENV="${HICACHE_VENV:-.venv}"
 DEMO_DIR="${HICACHE_DEMO_DIR:-/tmp/hicache-demo}"
 if [[ "${1:-}" == "down" ]]; then
-  exec "$VENV/bin/python" -m tests.cluster down --workdir "$DEMO_DIR"
+  exec "$VENV/bin/python" -m localcluster down --workdir "$DEMO_DIR"
 fi
 bash scripts/setup.sh
 exec "$VENV/bin/python" scripts/demo.py

@@ -6,7 +6,7 @@
 #   scripts/gen-install-manifest.sh               # both, in place
 #   scripts/gen-install-manifest.sh --out FILE    # only render install.yaml to FILE (drift check)
 #
-# helm: $HELM, else `helm` on PATH, else the one tests/cluster/tools/build.sh builds.
+# helm: $HELM, else `helm` on PATH, else the one localcluster/tools/build.sh builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +25,7 @@ done
 
 helm="${HELM:-$(command -v helm || true)}"
 if [[ -z "$helm" ]]; then
-  helm="$(bash tests/cluster/tools/build.sh | tail -n1)/helm"
+  helm="$(bash localcluster/tools/build.sh | tail -n1)/helm"
 fi
 
 if ((sync_crds)); then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A kind cluster running hicache-operator from locally built images, for machines WITH
-# Docker (the test suite itself needs neither: it uses tests/cluster).
+# Docker (the test suite itself needs neither: it uses localcluster/).
 #
 #   scripts/kind-up.sh            create (or reuse) the cluster, build + load the images,
 #                                 advertise fake GPUs, helm install the chart

@@ -41,7 +41,7 @@ MODELS="${HICACHE_MODELS_DIR:-$HOME/.cache/hicache-operator/models}"
 "$VENV/bin/python" -m cache_runtime.synth --preset demo --out "$MODELS/demo"
 
 step "local control plane binaries (cold build: ~20-30 min on 2 cores; cached afterwards)"
-bash tests/cluster/tools/build.sh >/dev/null
+bash localcluster/tools/build.sh >/dev/null
 
 echo
 echo "setup done in $(( $(date +%s) - t0 ))s"

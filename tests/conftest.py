@@ -9,16 +9,10 @@ cluster (e.g. kind) instead of the local control plane.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from tests.cluster import netns  # noqa: E402
+from localcluster import netns
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.localcluster import LocalCluster, default_nodes
+from localcluster.cluster import LocalCluster
+from localcluster.nodes import default_nodes
 
 E2E = Path(__file__).resolve().parent
 
@@ -54,7 +55,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
 @pytest.fixture(scope="module")
 def operator(cluster, tmp_path_factory):
     """The operator, started once per module that asks for it, with the CRD installed."""
-    from tests.e2e.helpers import start_operator
+    from testbed.operator_proc import start_operator
 
     op = start_operator(cluster, tmp_path_factory.mktemp("operator"))
     yield op
@@ -64,7 +65,7 @@ def operator(cluster, tmp_path_factory):
 @pytest.fixture
 def ns(cluster, request):
     """A namespace of the test's own, deleted (without waiting) after it."""
-    from tests.e2e.helpers import namespace_for
+    from testbed.kube import namespace_for
 
     name = namespace_for(request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")[:8].strip("_").replace("_", "-"),
                          request.node.name)

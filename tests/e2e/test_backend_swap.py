@@ -15,11 +15,12 @@ import httpx
 import pytest
 
 from hicache_operator.plan.engine import versions as engine_versions
-from tests.e2e.gateway import Gateway
-from tests.e2e.helpers import (condition, kget, l3_hit_across_pods, skip_without_pod_network_or_mooncake,
-                               start_operator, wait_for)
-from tests.support import gate_probes
-from tests.support.mooncake import free_port, start_master
+from testbed import gate_probes
+from testbed.gateway import Gateway
+from testbed.kube import condition, kget, wait_for
+from testbed.mooncake import free_port, start_master
+from testbed.operator_proc import start_operator
+from tests.e2e.helpers import l3_hit_across_pods, skip_without_pod_network_or_mooncake
 
 pytestmark = pytest.mark.e2e
 REPLICAS = 4

@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.localcluster import PROCESS_BACKED_ANNOTATION
-from tests.e2e.helpers import kget, wait_for
+from localcluster.podspec import PROCESS_BACKED_ANNOTATION
+from testbed.kube import kget, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +20,7 @@ def echo_deployment(name: str, ns: str, *, gpus: int = 1, process_backed: bool =
     annotations = {PROCESS_BACKED_ANNOTATION: "true"} if process_backed else {}
     container = {
         "name": "echo", "image": "python:3.11-slim",
-        "command": ["python", "-m", "tests.cluster.echoserver"], "args": ["8080"],
+        "command": ["python", "-m", "localcluster.echoserver"], "args": ["8080"],
         "ports": [{"containerPort": 8080, "name": "http"}],
         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},

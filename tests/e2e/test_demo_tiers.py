@@ -1,4 +1,4 @@
-"""The demo's fleet and traffic (tests/e2e/tiers.py) show every tier serving tokens: returning
+"""The demo's fleet and traffic (testbed/tiers.py) show every tier serving tokens: returning
 conversations through the router are served from L2, and after a live swap to the file L3 on a
 shared claim a pod that never saw a prompt is served from L3, with no failed request and no
 warning about an unshared L3."""
@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from tests.e2e import tiers
-from tests.e2e.helpers import kget, skip_without_pod_network_or_mooncake, wait_for
+from testbed import tiers
+from testbed.kube import kget, wait_for
+from tests.e2e.helpers import skip_without_pod_network_or_mooncake
 
 pytestmark = pytest.mark.e2e
 NAME = "tiers"

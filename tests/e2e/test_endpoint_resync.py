@@ -13,7 +13,7 @@ from hicache_operator.plan import render
 from hicache_operator.control.controller import Controller
 from hicache_operator.io.kube import Kube
 from hicache_operator.rollout import endpoint_lag
-from tests.e2e.helpers import wait_for
+from testbed.kube import wait_for
 
 pytestmark = pytest.mark.e2e
 NS = "endpoint-resync"

@@ -14,8 +14,11 @@ import time
 import pytest
 import yaml
 
-from tests.cluster.localcluster import LocalCluster, default_nodes
-from tests.e2e.helpers import REPO, OperatorProcess, condition, kget, wait_for
+from localcluster.cluster import LocalCluster
+from localcluster.nodes import default_nodes
+from testbed import REPO
+from testbed.kube import condition, kget, wait_for
+from testbed.operator_proc import OperatorProcess
 
 pytestmark = pytest.mark.e2e
 DOWN_SECONDS = 8

@@ -20,7 +20,9 @@ from kubernetes.client.exceptions import ApiException
 from bench.fuzz_specs import Checker, Tally, ensure_crd, run_fuzz, spec_docs, to_bmp
 from hicache_operator.io.kube import Kube
 from hicache_operator.api.spec import GROUP, PLURAL, VERSION
-from tests.e2e.helpers import REPO, OperatorProcess, condition, wait_for
+from testbed import REPO
+from testbed.kube import condition, wait_for
+from testbed.operator_proc import OperatorProcess
 
 pytestmark = pytest.mark.e2e
 CI_EXAMPLES = 150

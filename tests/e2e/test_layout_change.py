@@ -14,8 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.gateway import Gateway
-from tests.e2e.helpers import kget, l3_hit_across_pods, start_operator, wait_for
+from testbed.gateway import Gateway
+from testbed.kube import kget, wait_for
+from testbed.operator_proc import start_operator
+from tests.e2e.helpers import l3_hit_across_pods
 
 pytestmark = pytest.mark.e2e
 NS = "layout-e2e"

@@ -15,8 +15,8 @@ import pytest
 
 from cache_runtime.synth.checkpoint import write_checkpoint
 from hicache_operator.plan.model import download as model_download
-from tests.e2e.helpers import condition, kget, wait_for
-from tests.support.hub import LocalHub
+from testbed.hub import LocalHub
+from testbed.kube import condition, kget, wait_for
 
 pytestmark = pytest.mark.e2e
 NAME = "org/tiny-llama"

@@ -10,9 +10,10 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.helpers import condition, kget, l3_hit_across_pods, skip_without_pod_network_or_mooncake, \
-    start_operator, wait_for
-from tests.support.etcd import Etcd, etcd_binary
+from testbed.etcd import Etcd, etcd_binary
+from testbed.kube import condition, kget, wait_for
+from testbed.operator_proc import start_operator
+from tests.e2e.helpers import l3_hit_across_pods, skip_without_pod_network_or_mooncake
 
 pytestmark = pytest.mark.e2e
 

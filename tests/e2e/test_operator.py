@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from hicache_operator.plan.engine import versions as engine_versions
-from tests.e2e.helpers import condition, kget, wait_for
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
+from testbed.kube import condition, kget, wait_for
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

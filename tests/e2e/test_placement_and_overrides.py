@@ -18,8 +18,11 @@ import pytest
 import yaml
 
 from hicache_operator.fleet import gate
-from tests.cluster.localcluster import LocalCluster, NodeSpec
-from tests.e2e.helpers import REPO, OperatorProcess, condition, kget, wait_for
+from localcluster.cluster import LocalCluster
+from localcluster.nodes import NodeSpec
+from testbed import REPO
+from testbed.kube import condition, kget, wait_for
+from testbed.operator_proc import OperatorProcess
 
 pytestmark = pytest.mark.e2e
 NODE_LABEL = "hicache.test/node"

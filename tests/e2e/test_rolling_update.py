@@ -9,8 +9,10 @@ import json
 
 import pytest
 
-from tests.e2e.gateway import Gateway
-from tests.e2e.helpers import kget, skip_without_pod_network_or_mooncake, start_operator, wait_for
+from testbed.gateway import Gateway
+from testbed.kube import kget, wait_for
+from testbed.operator_proc import start_operator
+from tests.e2e.helpers import skip_without_pod_network_or_mooncake
 
 pytestmark = pytest.mark.e2e
 NS = "rolling-e2e"

@@ -18,8 +18,9 @@ from kubernetes import client
 
 from hicache_operator.api.flags import ROUTER_API_PORT
 from hicache_operator.rollout.act.router_client import ADD_SECONDS
-from tests.e2e.gateway import Gateway
-from tests.e2e.helpers import condition, kget, start_operator, wait_for
+from testbed.gateway import Gateway
+from testbed.kube import condition, kget, wait_for
+from testbed.operator_proc import start_operator
 
 pytestmark = pytest.mark.e2e
 NS = "router-e2e"

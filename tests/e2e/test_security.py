@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from hicache_operator.plan import render
-from tests.e2e.helpers import REPO, OperatorProcess, condition, kget, wait_for
+from testbed import REPO
+from testbed.kube import condition, kget, wait_for
+from testbed.operator_proc import OperatorProcess
 
 pytestmark = pytest.mark.e2e
 NS = "security-e2e"

@@ -11,8 +11,10 @@ import re
 
 import pytest
 
-from tests.e2e.helpers import kget, skip_without_pod_network_or_mooncake, start_operator, wait_for
-from tests.support.mooncake import free_port, start_master
+from testbed.kube import kget, wait_for
+from testbed.mooncake import free_port, start_master
+from testbed.operator_proc import start_operator
+from tests.e2e.helpers import skip_without_pod_network_or_mooncake
 
 pytestmark = pytest.mark.e2e
 SWAP_EVENTS = {"BackendSwapStarted", "PodDraining", "PodSwapped", "BackendSwapComplete", "BackendSwapFailed",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import kget, wait_for
+from testbed.kube import kget, wait_for
 
 pytestmark = pytest.mark.e2e
 

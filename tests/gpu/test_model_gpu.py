@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.checkpoints import build_oracle_checkpoint
+from testbed.checkpoints import build_oracle_checkpoint
 from tests.unit.runtime.conftest import engines, generate, on_engine, settle  # noqa: F401  (fixture)
 
 pytestmark = [

@@ -1,6 +1,6 @@
 """The flags each engine's parser knows, and ``spec.extraArgs`` read against them and the flag table.
 
-``cli.json`` is generated from the parsers themselves (``python -m tests.support.engine_cli``:
+``cli.json`` is generated from the parsers themselves (``python -m testbed.engine_cli``:
 the bundled runtime's, and SGLang's for every release in ``engine_versions.ORACLE_VERSIONS``; a unit
 test keeps it current). A release between the checked ones is read against all of them; one newer
 than the newest checked is not read for unknown flags. Both parsers are argparse with abbreviations

@@ -4,7 +4,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.runtime_proc import RuntimeProcess, metric  # noqa: F401 (metric: for the tests)
+from testbed.runtime_proc import RuntimeProcess, metric  # noqa: F401 (metric: for the tests)
 
 PROMPTS = [f"{i:02d} reliability prompt: pages move between device, host and storage tiers. " * 2 for i in range(40)]
 

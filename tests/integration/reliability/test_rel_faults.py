@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
+from testbed.runtime_proc import RuntimeProcess, metric
 from tests.integration.reliability.conftest import PROMPTS, generate
-from tests.support.runtime_proc import RuntimeProcess, metric
 
 
 def _wait(cond, timeout: float = 60, what: str = "condition"):

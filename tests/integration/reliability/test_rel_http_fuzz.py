@@ -13,7 +13,7 @@ import time
 import pytest
 
 from bench.fuzz_http import ADMIN_KEY, SERVER_FLAGS, Tally, generate_works, run_fuzz
-from tests.support.runtime_proc import RuntimeProcess, load
+from testbed.runtime_proc import RuntimeProcess, load
 
 CI_REQUESTS = 400
 

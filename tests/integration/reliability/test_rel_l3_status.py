@@ -17,10 +17,10 @@ from hicache_operator.rollout.act.runtime_client import shared_client
 from hicache_operator.rollout.act.views import ViewCache, read_pod
 from hicache_operator.fleet.gate import LABEL as SERVING
 from hicache_operator.plan.status import Observed, derive
-from tests.e2e.helpers import wait_for
+from testbed.kube import wait_for
+from testbed.mooncake import MooncakeMaster, mooncake_env  # noqa: F401  (fixture)
+from testbed.runtime_proc import metric
 from tests.integration.reliability.conftest import PROMPTS, generate
-from tests.support.mooncake import MooncakeMaster, mooncake_env  # noqa: F401  (fixture)
-from tests.support.runtime_proc import metric
 
 ADMIN_KEY = "test-admin-key-0123456789"
 FLEET = ("ns", "demo")

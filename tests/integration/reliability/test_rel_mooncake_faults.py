@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import time
 
+from testbed.mooncake import MooncakeMaster, mooncake_env  # noqa: F401  (fixture)
+from testbed.runtime_proc import metric
 from tests.integration.reliability.conftest import PROMPTS, generate
-from tests.support.runtime_proc import metric
-from tests.support.mooncake import MooncakeMaster, mooncake_env  # noqa: F401  (fixture)
 
 
 def _wait(cond, timeout: float, what: str):

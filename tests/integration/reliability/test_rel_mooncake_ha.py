@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from cache_runtime.storage import HiCacheStorageConfig, StorageUnavailable, create_storage_backend, page_hashes
-from tests.support.etcd import Etcd, etcd_binary
-from tests.support.mooncake import MooncakeMaster, mooncake_env  # noqa: F401  (fixture)
+from testbed.etcd import Etcd, etcd_binary
+from testbed.mooncake import MooncakeMaster, mooncake_env  # noqa: F401  (fixture)
 
 KEYS = page_hashes(list(range(64)), 16)
 CLUSTER_ID = "ns.fleet"  # render.mooncake_cluster_id's form
@@ -40,7 +40,7 @@ def stored(b, key: str, value: torch.Tensor) -> bool:
 def ha(mooncake_env, monkeypatch):
     binary = etcd_binary()
     if binary is None:
-        pytest.skip("no etcd: tests/cluster/tools/build.sh builds it")
+        pytest.skip("no etcd: localcluster/tools/build.sh builds it")
     etcd = Etcd().start(binary)
     masters = [MooncakeMaster(etcd=etcd.endpoint, cluster_id=CLUSTER_ID).start() for _ in range(2)]
     monkeypatch.setenv("MC_STORE_CLUSTER_ID", CLUSTER_ID)  # the fleet pods' env (render.mooncake_env)

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from tests.support.runtime_proc import RuntimeProcess, free_port  # noqa: F401 (free_port: for the tests)
+from testbed.runtime_proc import RuntimeProcess, free_port  # noqa: F401 (free_port: for the tests)
 
 ADMIN_KEY = "test-admin-key-0123456789"
 API_KEY = "test-api-key"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.support.checkpoints import DEFECTS, write_bad_checkpoint
+from testbed.checkpoints import DEFECTS, write_bad_checkpoint
 
 # what the one line must name, per defect (besides the file)
 EXPECT = {

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from hicache_operator.api.flags import RUNTIME_PORT
 from hicache_operator.rollout.act.drains import Drains
 from hicache_operator.rollout.act.views import ViewCache
-from tests.e2e.helpers import wait_for
+from testbed.kube import wait_for
 
 from tests.integration.runtime.conftest import ADMIN_KEY
 

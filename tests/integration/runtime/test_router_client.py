@@ -11,8 +11,8 @@ import pytest
 
 from hicache_operator.rollout.act.router_client import RouterClient, RouterError
 
+from testbed.router_proc import Router
 from tests.integration.runtime.conftest import API_KEY
-from tests.support.router_proc import Router
 
 pytest.importorskip("sglang_router")
 

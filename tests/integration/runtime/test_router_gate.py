@@ -15,10 +15,10 @@ import sys
 import httpx
 import pytest
 
+from testbed.gate_probes import ALLOWED, PROBES, TRAVERSALS, send
+from testbed.procs import free_port, stop_process, wait_ready
+from testbed.router_proc import Router
 from tests.integration.runtime.conftest import ADMIN_KEY
-from tests.support.gate_probes import ALLOWED, PROBES, TRAVERSALS, send
-from tests.support.procs import free_port, stop_process, wait_ready
-from tests.support.router_proc import Router
 
 pytest.importorskip("sglang_router")
 CLIENT_KEY, INTERNAL_KEY = "client-key-0123456789", "internal-key-0123456789"

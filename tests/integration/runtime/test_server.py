@@ -8,8 +8,8 @@ import threading
 import httpx
 import pytest
 
+from testbed.runtime_proc import load
 from tests.integration.runtime.conftest import ADMIN_KEY, API_KEY, sse_events
-from tests.support.runtime_proc import load
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 PROMPT = "The hierarchical cache keeps KV pages in device memory, host memory and storage. " * 4

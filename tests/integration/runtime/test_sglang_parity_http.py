@@ -12,9 +12,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from testbed import sglang_oracle
+from testbed.runtime_proc import metric
 from tests.integration.runtime.conftest import ADMIN_KEY, API_KEY
-from tests.support import sglang_oracle
-from tests.support.runtime_proc import metric
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "

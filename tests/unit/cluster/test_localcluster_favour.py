@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.cluster.localcluster import FAVOURED_NICE, LocalCluster, autogroup_nice
+from localcluster.cluster import FAVOURED_NICE, LocalCluster, autogroup_nice
 
 
 @pytest.mark.skipif(autogroup_nice(os.getpid()) is None,
@@ -34,7 +34,7 @@ def test_favoured_component_gets_its_own_heavier_group(tmp_path):
 def test_favour_without_autogroup_scheduling_is_reported_not_assumed(tmp_path, monkeypatch):
     """In a container with a CPU cgroup of its own the autogroup file reads empty and a written nice
     value changes nothing: the run must say it went unfavoured."""
-    import tests.cluster.localcluster as lc
+    import localcluster.cluster as lc
     c = LocalCluster(tmp_path / "cluster", favoured=("favoured",), bin_dir=tmp_path)
     monkeypatch.setattr(lc, "autogroup_nice", lambda pid: None)
     monkeypatch.setattr(lc.Path, "write_text", lambda self, text: len(text))

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.podrunner import ZYGOTE_ENV, ZYGOTE_MODULES, Runner, Zygote
+from localcluster.podrunner import Runner
+from localcluster.zygote import ZYGOTE_ENV, ZYGOTE_MODULES, Zygote
 
 MODULE = "tests.unit.cluster.test_podrunner_zygote"
 

@@ -17,7 +17,7 @@ from hicache_operator.plan.engine import versions as engine_versions
 from hicache_operator.api.status import SizingRecord
 from hicache_operator.plan import sizing
 from hicache_operator.api.spec import HiCacheDeploymentSpec
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 
 from op_helpers import gpu_node
 
@@ -27,7 +27,7 @@ LLAMA_8B_CHECKPOINT = 16_060_556_376  # meta-llama/Llama-3.1-8B-Instruct, its fo
 CHILD = r"""
 import functools, json, sys, tempfile, types
 from pathlib import Path
-from tests.support.sglang_child import stand_in_transfer_kernels
+from testbed.sglang_child import stand_in_transfer_kernels
 stand_in_transfer_kernels()
 from sglang.srt.mem_cache import host_memory
 from sglang.srt.mem_cache.pool_host import base

@@ -16,7 +16,7 @@ import pytest
 
 from cache_runtime.synth.checkpoint import write_checkpoint
 from hicache_operator.plan.model import download as model_download
-from tests.support.hub import LocalHub
+from testbed.hub import LocalHub
 
 SCRIPT = Path(model_download.__file__)
 TOKEN = "hf_local_test_token"
@@ -121,7 +121,7 @@ def progress(port: int) -> dict | None:
 
 
 def wait(cond, what: str):
-    from tests.e2e.helpers import wait_for
+    from testbed.kube import wait_for
     return wait_for(cond, timeout=60, what=what, interval=0.1)
 
 

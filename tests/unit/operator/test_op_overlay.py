@@ -262,9 +262,9 @@ def test_an_unchecked_release_is_read_for_owned_flags_only():
 
 
 def test_the_bundled_flag_table_is_the_runtimes_own_parser():
-    from tests.support.engine_cli import bundled
+    from testbed.engine_cli import bundled
 
-    assert engine_cli._table()["bundled"] == bundled(), "run python -m tests.support.engine_cli"
+    assert engine_cli._table()["bundled"] == bundled(), "run python -m testbed.engine_cli"
 
 
 def test_a_spec_whose_pod_cannot_be_rendered_is_refused_for_that_not_for_the_overlay():

@@ -9,5 +9,5 @@ from pkg_helpers import Helm, find_helm
 def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     binary = find_helm()
     if binary is None:
-        pytest.skip("no helm: set HELM, put helm on PATH, or build it with tests/cluster/tools/build.sh")
+        pytest.skip("no helm: set HELM, put helm on PATH, or build it with localcluster/tools/build.sh")
     return Helm(binary, tmp_path_factory.mktemp("helm-home"))

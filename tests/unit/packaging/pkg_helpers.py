@@ -1,4 +1,4 @@
-"""Shared by the packaging tests: paths, and helm found as $HELM, on PATH, or built by tests/cluster."""
+"""Shared by the packaging tests: paths, and helm found as $HELM, on PATH, or built by localcluster/tools/build.sh."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,7 @@ def find_helm() -> str | None:
     if explicit:
         return explicit
     try:
-        out = subprocess.run(["bash", str(REPO / "tests/cluster/tools/build.sh")], check=True, text=True,
+        out = subprocess.run(["bash", str(REPO / "localcluster/tools/build.sh")], check=True, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=1800).stdout
     except (OSError, subprocess.SubprocessError):
         return None

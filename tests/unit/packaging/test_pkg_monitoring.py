@@ -69,7 +69,7 @@ def runtime_names(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def master_names():
-    from tests.support.mooncake import master_binary, start_master
+    from testbed.mooncake import master_binary, start_master
 
     if master_binary() is None:
         pytest.skip("mooncake is not installed (scripts/install-mooncake.sh)")

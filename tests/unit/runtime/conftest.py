@@ -11,7 +11,7 @@ import pytest
 from cache_runtime.args import ServerArgs, normalise
 from cache_runtime.sampling import SamplingParams
 from cache_runtime.scheduler import Engine, Output, Request
-from tests.support.checkpoints import build_oracle_checkpoint
+from testbed.checkpoints import build_oracle_checkpoint
 
 
 def make_engine(**overrides) -> Engine:

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 
 from cache_runtime import cpu_kernels
 from cache_runtime.cpu_kernels import build as kbuild
+from cache_runtime.memory import DevicePool
 from cache_runtime.models import load_model
 from cache_runtime.models.config import RopeConfig
 from cache_runtime.models.layers import ForwardBatch, SeqSpan, rms_norm, write_kv
 from cache_runtime.models.rope import Rotary
-from cache_runtime.memory import DevicePool
-from tests.support.checkpoints import ORACLE_KINDS
+from testbed.checkpoints import ORACLE_KINDS
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 VARIANTS = cpu_kernels.variants()

@@ -7,7 +7,7 @@ import pytest
 
 from cache_runtime.models.config import load_config
 from hicache_operator.plan.model import shapes as model_shapes
-from tests.support.checkpoints import ORACLE_KINDS
+from testbed.checkpoints import ORACLE_KINDS
 
 
 def _allocated_bytes_per_token(engine) -> list[float]:

@@ -9,12 +9,12 @@ import queue
 import pytest
 import torch
 
+from cache_runtime.memory import DevicePool
 from cache_runtime.models import load_model
 from cache_runtime.models.layers import ForwardBatch, SeqSpan
-from cache_runtime.memory import DevicePool
 from cache_runtime.sampling import SamplingParams
 from cache_runtime.scheduler import Request
-from tests.support.checkpoints import ORACLE_KINDS
+from testbed.checkpoints import ORACLE_KINDS
 from tests.unit.runtime.conftest import generate
 
 CPU = torch.device("cpu")

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from cache_runtime.models.config import CheckpointError, load_config, parse_config
 from cache_runtime.synth.__main__ import main as synth_main
 from cache_runtime.synth.checkpoint import PRESETS, STAMP, tensor_specs, write_checkpoint
-from tests.support.checkpoints import DEFECTS, ORACLE_KINDS, build_oracle_checkpoint, write_bad_checkpoint
+from testbed.checkpoints import DEFECTS, ORACLE_KINDS, build_oracle_checkpoint, write_bad_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
 SHARD = 150_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.mooncake import mooncake_env, mooncake_master  # noqa: F401  (pytest fixtures)
+from testbed.mooncake import mooncake_env, mooncake_master  # noqa: F401  (pytest fixtures)
 from tests.unit.runtime.conftest import generate, on_engine, prompt, settle
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hicache_operator.plan.engine import cli as engine_cli, versions as engine_versions
-from tests.support import engine_cli as generator
-from tests.support import sglang_oracle
+from testbed import engine_cli as generator
+from testbed import sglang_oracle
 
 PARSE = generator.PARSER + """
 answers = []
@@ -30,7 +30,7 @@ def test_the_table_is_the_releases_parser_and_refuses_what_it_refuses(version):
         pytest.fail(f"sglang {version} is not installed: run scripts/setup.sh (scripts/install-sglang.sh)")
     answer = sglang_oracle.run(version, PARSE, {"argvs": CASES})
     assert engine_cli._table()["sglang"][version] == generator.groups(answer["flags"]), \
-        "run python -m tests.support.engine_cli"
+        "run python -m testbed.engine_cli"
     for argv, error in zip(CASES, answer["answers"]):
         unknown = [p for p in engine_cli.check(argv, "sglang", version) if p[0] == "unknown"]
         assert bool(unknown) == (error is not None), (version, argv, error, unknown)

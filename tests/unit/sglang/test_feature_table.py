@@ -15,7 +15,7 @@ import pytest
 
 from hicache_operator.plan.engine import versions as ev
 from hicache_operator.api import flags
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 
 # Runs inside the child (sglang_oracle.run): reads the request on stdin, prints one JSON line.
 PROBE = r'''
@@ -27,7 +27,7 @@ model = req["model"]
 out = {}
 
 
-from tests.support.sglang_child import resolve_args as resolve, stand_in_transfer_kernels
+from testbed.sglang_child import resolve_args as resolve, stand_in_transfer_kernels
 
 
 with contextlib.redirect_stdout(io.StringIO()):

@@ -22,12 +22,12 @@ import pytest
 
 from hicache_operator.plan.engine import features as engine, versions as engine_versions
 from hicache_operator.plan import validation
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 from tests.unit.sglang.test_rendered_commands import base, rendered
 
 CHILD = r'''
 import contextlib, io, json, sys
-from tests.support.sglang_child import resolve_args
+from testbed.sglang_child import resolve_args
 
 
 def faked(gpu):

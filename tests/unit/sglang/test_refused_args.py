@@ -15,13 +15,13 @@ import pytest
 
 from hicache_operator.plan.engine import features as engine, cli as engine_cli, versions as engine_versions
 from hicache_operator.plan import validation
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 from tests.unit.sglang.test_rendered_commands import base, rendered
 
 # Runs under one release (sglang_oracle.run): the resolved value of each field below, or the error.
 CHILD = r'''
 import contextlib, inspect, io, json, os, sys
-from tests.support.sglang_child import FIELDS, resolve_args, stand_in_transfer_kernels
+from testbed.sglang_child import FIELDS, resolve_args, stand_in_transfer_kernels
 
 TOPOLOGY = ("nnodes", "node_rank", "dist_init_addr", "base_gpu_id", "gpu_id_step", "dcp_size")
 req = json.loads(sys.stdin.read())

@@ -18,7 +18,7 @@ import yaml
 
 from hicache_operator.plan.engine import versions as engine_versions
 from hicache_operator.control import pipeline as reconcile
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 from tests.unit.operator.op_helpers import SAMPLES, body, gpu_node, sample_nodes
 
 POD_IP = "10.1.2.3"

@@ -9,13 +9,12 @@ import sys
 
 import pytest
 
-from tests.support import sglang_oracle
-
-SHIM = sglang_oracle.REPO / "tests" / "cluster" / "sglang_shim"
+from localcluster.cluster import SGLANG_SHIM
+from testbed import REPO
 
 
 def launch(version: str, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": f"{SHIM}{os.pathsep}{sglang_oracle.REPO}", "HICACHE_ENGINE_VERSION": version}
+    env = {**os.environ, "PYTHONPATH": f"{SGLANG_SHIM}{os.pathsep}{REPO}", "HICACHE_ENGINE_VERSION": version}
     # --port 1: were the arguments accepted, the runtime would fail to bind rather than serve
     return subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", "org/m", "--host",
                            "127.0.0.1", "--port", "1", *args], env=env, capture_output=True, text=True, timeout=300)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cache_runtime.storage import HiCacheStorageConfig, create_storage_backend, page_hashes
-from tests.support.mooncake import mooncake_env, mooncake_master, mooncake_raw  # noqa: F401  (fixtures)
+from testbed.mooncake import mooncake_env, mooncake_master, mooncake_raw  # noqa: F401  (fixtures)
 
 KEYS = page_hashes(list(range(64)), 16)  # 4 chained page keys
 PAGE = 4096

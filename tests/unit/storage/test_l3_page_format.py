@@ -19,9 +19,9 @@ from cache_runtime.storage import create_storage_backend
 from hicache_operator.plan import render
 from hicache_operator.fleet.storage_config import page_namespace
 from hicache_operator.api.spec import HiCacheDeploymentSpec
-from tests.support import sglang_oracle
-from tests.support.mooncake import CLIENT_ENV, mooncake_env, mooncake_master  # noqa: F401  (fixtures)
-from tests.support.sglang_storage import (
+from testbed import sglang_oracle
+from testbed.mooncake import CLIENT_ENV, mooncake_env, mooncake_master  # noqa: F401  (fixtures)
+from testbed.sglang_storage import (
     MODEL,
     PAGE,
     SGLANG_SIDE,

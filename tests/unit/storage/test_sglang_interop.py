@@ -4,7 +4,7 @@ For every installed SGLang oracle version, both storage backends (file, and Moon
 mooncake_master), every host layout, MHA and MLA, two tensor-parallel ranks and salted and
 unsalted requests, each engine writes a case's KV through its own pool, keys and storage classes
 and the other engine reads it through its own; the KV read back must be the KV written, layer by
-layer and token by token (``tests/support/sglang_storage.py`` says how each end works). Reading
+layer and token by token (``testbed/sglang_storage.py`` says how each end works). Reading
 under another cache namespace must find nothing. The whole ``HiCache`` (insert -> L2 -> L3, and
 prefetch L3 -> L2 -> L1) is exercised the same way on the file backend.
 
@@ -29,9 +29,9 @@ import torch
 from cache_runtime.radix import namespace
 from cache_runtime.storage import create_storage_backend
 from cache_runtime.storage.hashing import namespace_seed, page_hashes
-from tests.support import sglang_oracle
-from tests.support.mooncake import CLIENT_ENV, mooncake_env, mooncake_master  # noqa: F401  (fixtures)
-from tests.support.sglang_storage import (
+from testbed import sglang_oracle
+from testbed.mooncake import CLIENT_ENV, mooncake_env, mooncake_master  # noqa: F401  (fixtures)
+from testbed.sglang_storage import (
     LAYOUTS,
     MODEL,
     PAGE,

@@ -15,7 +15,7 @@ from cache_runtime.storage.file_eviction import parse_size
 from cache_runtime.storage.mooncake_config import parse_segment_size
 from hicache_operator.plan.engine import versions as engine_versions
 from hicache_operator.plan import sizing, validation
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 
 VALUES = ["200G", "200Gi", "500m", "500M", "200g", "10K", "10k", "10Ki", "1Ti", "1.5G", "1.5Gi", "25.6k",
           "200GB", "4gb", "4GB", " 4 gb", "gb", "64", " 1048576 ", "0", "00", "", "-5", "1_000", "abc", "1e9",
@@ -23,7 +23,7 @@ VALUES = ["200G", "200Gi", "500m", "500M", "200g", "10K", "10k", "10Ki", "1Ti", 
 
 CHILD = r"""
 import json, logging, sys
-from tests.support.sglang_child import stand_in_transfer_kernels
+from testbed.sglang_child import stand_in_transfer_kernels
 stand_in_transfer_kernels()  # older releases import CUDA kernels with their storage modules
 request = json.load(sys.stdin)
 try:

@@ -80,7 +80,7 @@ def test_mooncake_without_any_master_config(monkeypatch):
 
 def test_mooncake_with_master_down_is_unavailable_not_a_hang():
     pytest.importorskip("mooncake.store", reason="run scripts/install-mooncake.sh")
-    from tests.support.mooncake import free_port
+    from testbed.mooncake import free_port
 
     cfg = HiCacheStorageConfig(extra_config={"master_server_address": f"127.0.0.1:{free_port()}",
                                              "master_wait_s": 0.3})

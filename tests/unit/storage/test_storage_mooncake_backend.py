@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cache_runtime.storage import HiCacheStorageConfig, StorageUnavailable, create_storage_backend, page_hashes
-from tests.support.mooncake import (MooncakeMaster, mooncake_env, mooncake_master,  # noqa: F401  (fixtures)
+from testbed.mooncake import (MooncakeMaster, mooncake_env, mooncake_master,  # noqa: F401  (fixtures)
                                     mooncake_raw)
 
 KEYS = page_hashes(list(range(96)), 16)  # 6 chained page keys

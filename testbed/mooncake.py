@@ -2,7 +2,7 @@
 
 Usage in a test module::
 
-    from tests.support.mooncake import mooncake_env, mooncake_master  # noqa: F401  (pytest fixtures)
+    from testbed.mooncake import mooncake_env, mooncake_master  # noqa: F401  (pytest fixtures)
 
 ``mooncake_master`` is module-scoped (one master per test module); tests that kill or restart a
 master build their own with :func:`start_master`. Gotchas handled here:
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import free_port, stop_process, wait_ready  # noqa: F401  (free_port: for the tests)
+from testbed.procs import free_port, stop_process, wait_ready  # noqa: F401  (free_port: for the tests)
 
 CLIENT_ENV = {
     "MC_TCP_BIND_ADDRESS": "127.0.0.1",  # else the transfer engine advertises the eth0 address

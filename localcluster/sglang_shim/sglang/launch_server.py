@@ -1,7 +1,7 @@
 """Local test clusters only: `python -m sglang.launch_server ARGS` runs the bundled runtime in
 SGLang-compatibility mode with the same ARGS, after real SGLang has accepted them.
 
-The podrunner puts this directory on PYTHONPATH, so `engine: sglang` pods, whose command the
+The local cluster puts this directory on the podrunner's PYTHONPATH (beside the checkout), so `engine: sglang` pods, whose command the
 operator renders exactly as for real SGLang, run as real processes that speak only SGLang's
 routes: the operator is tested against SGLang's API
 without a GPU. First the real `sglang` package of the release the pod runs
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 IGNORED = {"--enable-metrics": 0, "--enable-dp-attention": 0}  # flag -> number of values it takes
 ONE_RANK = ("--tp-size", "--dp-size", "--pp-size", "--attn-dp-size")  # a stand-in process, not the pod's GPUs
@@ -22,8 +21,7 @@ ONE_RANK = ("--tp-size", "--dp-size", "--pp-size", "--attn-dp-size")  # a stand-
 
 def refusal(argv: list[str]) -> str | None:
     """Why real SGLang would refuse ARGS, or None when it accepts them."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
-    from tests.support import sglang_oracle
+    from testbed import sglang_oracle
 
     version = os.environ.get("HICACHE_ENGINE_VERSION", "")
     if not sglang_oracle.installed(version):

@@ -1,10 +1,10 @@
 """Writes hicache_operator/plan/engine/cli.json: the flags each engine's own parser knows.
 
 The bundled runtime's from ``cache_runtime.args.build_parser``; SGLang's from each installed oracle
-release (``engine_versions.ORACLE_VERSIONS``, tests/support/sglang_oracle) through the parser
+release (``engine_versions.ORACLE_VERSIONS``, testbed/sglang_oracle) through the parser
 ``prepare_server_args`` builds. ``table()`` is what the unit tests compare the committed file with.
 
-    python -m tests.support.engine_cli          # rewrite the file
+    python -m testbed.engine_cli          # rewrite the file
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import json
 
 from hicache_operator.plan.engine import cli as engine_cli, versions as engine_versions
-from tests.support import sglang_oracle
+from testbed import sglang_oracle
 
 # Runs under one SGLang release (sglang_oracle.run): the parser prepare_server_args builds.
 PARSER = """

@@ -22,52 +22,19 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from . import netns, pki as pkimod
+from .nodes import GPU_RESOURCE, LOOPBACK_NET, PRIVATE_NET, RDMA_RESOURCE, Network, NodeSpec, default_nodes
+from .podspec import PROCESS_BACKED_ANNOTATION, image_volume_dir
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO / "tests" / "cluster" / "tools" / "build.sh"
+REPO = Path(__file__).resolve().parents[1]  # pods run the checkout's code (PYTHONPATH)
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "tools" / "build.sh"
+SGLANG_SHIM = HERE / "sglang_shim"  # `python -m sglang.launch_server` in pods: our runtime in SGLang mode
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "podrunner")
-PROCESS_BACKED_ANNOTATION = "hicache.dev/process-backed"
-GPU_RESOURCE = "nvidia.com/gpu"
-RDMA_RESOURCE = "rdma/hca_shared_devices_a"  # as the RDMA shared device plugin advertises it
-
-
-@dataclass
-class NodeSpec:
-    """One simulated node; KWOK keeps the capacity we post at creation."""
-    name: str
-    gpus: int = 8
-    memory: str = "1Ti"
-    cpu: str = "128"
-    rdma: int = 0  # RDMA devices (RDMA_RESOURCE)
-    labels: dict[str, str] = field(default_factory=dict)
-    taints: list[dict] = field(default_factory=list)
-
-
-@dataclass
-class Network:
-    kwok_cidr: str      # pods KWOK simulates
-    runner_cidr: str    # pods run as real processes
-    node_net: str        # node i gets the (i+1)-th address of this network
-    endpoints_work: bool
-
-
-PRIVATE_NET = Network("10.244.0.0/17", "10.244.128.0/17", "10.243.0.0/16", True)
-LOOPBACK_NET = Network("127.1.0.0/17", "127.1.128.0/17", "127.0.0.0/24", False)
-
-
-def default_nodes(n_gpu: int = 3, n_cpu: int = 1) -> list[NodeSpec]:
-    """GPU nodes cycle through 1Ti, 512Gi and 2Ti of memory (the samples' messages name gpu-1)."""
-    nodes = [NodeSpec(f"gpu-{i}", gpus=8, rdma=8, memory=("1Ti", "512Gi", "2Ti")[i % 3],
-                      labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
-             for i in range(n_gpu)]
-    nodes += [NodeSpec(f"cpu-{i}", gpus=0, memory="256Gi") for i in range(n_cpu)]
-    return nodes
 
 
 def free_port() -> int:
@@ -129,12 +96,11 @@ class LocalCluster:
 
     @property
     def images_dir(self) -> Path:
-        """Image volumes' files (see ``podrunner.image_volume_dir``)."""
+        """Image volumes' files (see ``podspec.image_volume_dir``)."""
         return self.workdir / "images"
 
     def image_volume(self, reference: str) -> Path:
         """The directory a process-backed pod's image volume of ``reference`` mounts."""
-        from .podrunner import image_volume_dir
         return image_volume_dir(self.images_dir, reference)
 
     @property
@@ -307,11 +273,11 @@ class LocalCluster:
 
     def _start_podrunner(self) -> None:
         self._spawn("podrunner", [
-            sys.executable, "-m", "tests.cluster.podrunner", f"--kubeconfig={self.kubeconfig}",
+            sys.executable, "-m", "localcluster.podrunner", f"--kubeconfig={self.kubeconfig}",
             f"--workdir={self.workdir / 'pods'}", f"--cidr={self.network.runner_cidr}",
             f"--apiserver-port={self.ports['apiserver']}", f"--images-dir={self.images_dir}"],
             # the sglang shim: `python -m sglang.launch_server` runs our runtime in SGLang mode
-            env={**self.env(), "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'cluster' / 'sglang_shim'}"})
+            env={**self.env(), "PYTHONPATH": f"{REPO}{os.pathsep}{SGLANG_SHIM}"})
 
     def _write_state(self) -> None:
         (self.workdir / "cluster.json").write_text(json.dumps({

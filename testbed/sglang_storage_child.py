@@ -1,6 +1,6 @@
 """SGLang's end of the L3 page exchange; run as a child under one sglang version (``sglang_oracle.run``).
 
-Never imported by the test process. Reads the request ``tests/support/sglang_storage.py`` builds:
+Never imported by the test process. Reads the request ``testbed/sglang_storage.py`` builds:
 cases to write (their KV by layer and token) and to read back, and inputs to key. For each case it
 builds SGLang's host pool for the layout, puts the KV at the (layer, token) rows SGLang's
 ``init_kv_buffer`` axes name (checked against the allocated shape), and moves pages with the cache
@@ -20,7 +20,7 @@ from array import array
 
 import torch
 
-from tests.support.sglang_child import stand_in_transfer_kernels  # noqa: E402
+from testbed.sglang_child import stand_in_transfer_kernels  # noqa: E402
 
 stand_in_transfer_kernels()  # older releases import them with the host pools; the page paths here never call them
 

@@ -1,4 +1,4 @@
-"""Runs inside a child process with one real SGLang release on its path (tests/support/sglang_oracle).
+"""Runs inside a child process with one real SGLang release on its path (testbed/sglang_oracle).
 
 Request: {"cases": [{"argv": [...], "pool_bytes": int|None, "limit": int|None, "usage": int|None}]}.
 For each argv: SGLang's own ``prepare_server_args`` parses it and its resolution pipeline

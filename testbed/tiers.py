@@ -22,7 +22,9 @@ from pathlib import Path
 
 import httpx
 
-SAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "samples" / "bundled-minimal.yaml"
+from testbed import REPO
+
+SAMPLE = REPO / "manifests" / "samples" / "bundled-minimal.yaml"
 PORT = 30000
 WORDS = ("cache", "tier", "host", "device", "page", "prefix", "radix", "token", "layer", "store", "fleet", "node",
          "router", "prefetch", "backup", "evict", "memory", "latency", "bandwidth", "kernel", "window", "batch")

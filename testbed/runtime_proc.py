@@ -7,17 +7,19 @@ process group. Its load is read from ``/metrics`` the way the operator reads it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import AsyncIterator
 
 import httpx
 
-from tests.support.procs import free_port, stop_process, wait_ready
-
-REPO = Path(__file__).resolve().parents[2]
+from testbed import REPO
+from testbed.procs import free_port, stop_process, wait_ready
 
 
 def peak_rss_bytes(pid: int) -> int | None:
@@ -95,3 +97,23 @@ def load(client: httpx.Client) -> dict[str, int]:
     """Requests running and queued, from SGLang's gauges (what the operator waits on to drain)."""
     return {"in_flight": int(metric(client, "sglang:num_running_reqs")),
             "queued": int(metric(client, "sglang:num_queue_reqs"))}
+
+
+def start_runtime(flags: list[str], log_path: Path, env: dict | None = None) -> RuntimeProcess:
+    """A runtime on a free loopback port, healthy (a real checkpoint loads in seconds, but 2 busy
+    cores stretch that: up to 300 s)."""
+    return RuntimeProcess(flags, log_path, env=env, ready_timeout=300).start()
+
+
+async def stream_generate(client: httpx.AsyncClient, body: dict) -> AsyncIterator[tuple[float, dict]]:
+    """The events of a streamed ``/generate`` (``body`` with ``"stream": True``), each with its arrival time."""
+    async with client.stream("POST", "/generate", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                raise RuntimeError(ev["error"])
+            yield time.perf_counter(), ev

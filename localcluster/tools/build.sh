@@ -3,7 +3,7 @@
 # script into a per-version cache outside the repository. A no-op for every binary
 # already present, so CI pays the cold build once per machine.
 #
-#   tests/cluster/tools/build.sh            # build what is missing, print the bin dir
+#   localcluster/tools/build.sh             # build what is missing, print the bin dir
 #   HICACHE_BIN_CACHE=/some/dir build.sh    # choose the cache root
 #
 # Versions are read from the go.mod files, so bumping a version there builds a new

@@ -8,14 +8,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.procs import free_port, stop_process, wait_ready
+from testbed.procs import free_port, stop_process, wait_ready
 
 READY_TIMEOUT_S = 30.0
 
 
 def etcd_binary() -> Path | None:
-    """The etcd tests/cluster builds (a no-op when cached); None when it cannot be had."""
-    from tests.cluster.localcluster import ensure_binaries
+    """The etcd localcluster builds (a no-op when cached); None when it cannot be had."""
+    from localcluster.cluster import ensure_binaries
 
     try:
         path = ensure_binaries() / "etcd"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.procs import free_port, stop_process, wait_ready
+from testbed.procs import free_port, stop_process, wait_ready
 
 
 class Router:

@@ -1,10 +1,10 @@
 """Command line for the local control plane.
 
-  python -m tests.cluster build            build/cache the binaries, print the bin dir
-  python -m tests.cluster up [--gpu-nodes N --cpu-nodes M --workdir D]
-  python -m tests.cluster down [--workdir D]
-  python -m tests.cluster env [--workdir D]   # eval "$(...)" for KUBECONFIG and PATH
-  python -m tests.cluster exec -- kubectl get nodes
+  python -m localcluster build            build/cache the binaries, print the bin dir
+  python -m localcluster up [--gpu-nodes N --cpu-nodes M --workdir D]
+  python -m localcluster down [--workdir D]
+  python -m localcluster env [--workdir D]   # eval "$(...)" for KUBECONFIG and PATH
+  python -m localcluster exec -- kubectl get nodes
 
 `up` creates a persistent named network namespace (`ip netns add hicache-<name>`) when
 run as root, starts every component inside it and returns; `exec` runs a command in
@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import localcluster
+from . import cluster
+from .nodes import default_nodes
 
 DEFAULT_WORKDIR = Path(os.environ.get("HICACHE_CLUSTER_DIR", "/tmp/hicache-cluster"))
 
@@ -39,21 +40,21 @@ def cmd_up(a: argparse.Namespace) -> int:
     if (workdir / "cluster.json").exists():
         print(f"a cluster is already up in {workdir}; run `down` first", file=sys.stderr)
         return 1
-    bin_dir = localcluster.ensure_binaries()
+    bin_dir = cluster.ensure_binaries()
     ns = None
     if os.geteuid() == 0 and not a.no_netns:
         ns = netns_name(workdir)
         subprocess.run(["ip", "netns", "add", ns], check=False, capture_output=True)
         subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
     # The cluster object must live inside the namespace: re-run ourselves there, detached.
-    argv = _in_netns(ns, [sys.executable, "-m", "tests.cluster", "_serve", "--workdir", str(workdir),
+    argv = _in_netns(ns, [sys.executable, "-m", "localcluster", "_serve", "--workdir", str(workdir),
                           "--bin-dir", str(bin_dir), "--gpu-nodes", str(a.gpu_nodes),
                           "--cpu-nodes", str(a.cpu_nodes)])
     workdir.parent.mkdir(parents=True, exist_ok=True)
     logf = open(str(workdir) + ".serve.log", "ab")
-    env = {**os.environ, "PYTHONPATH": str(localcluster.REPO)}
+    env = {**os.environ, "PYTHONPATH": str(cluster.REPO)}
     proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                            cwd=localcluster.REPO)
+                            cwd=cluster.REPO)
     t0 = time.monotonic()
     while time.monotonic() - t0 < a.timeout:
         if (workdir / "ready").exists():
@@ -74,8 +75,8 @@ def cmd_up(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     """Internal: start the cluster in this process's namespace and keep it until SIGTERM."""
     import signal
-    nodes = localcluster.default_nodes(a.gpu_nodes, a.cpu_nodes)
-    c = localcluster.LocalCluster(a.workdir, nodes=nodes, bin_dir=a.bin_dir)
+    nodes = default_nodes(a.gpu_nodes, a.cpu_nodes)
+    c = cluster.LocalCluster(a.workdir, nodes=nodes, bin_dir=a.bin_dir)
     c.start()
     (a.workdir / "ready").write_text(f"{c.startup_seconds:.1f}\n")
 
@@ -104,7 +105,7 @@ def cmd_down(a: argparse.Namespace) -> int:
     pids = dict(state.get("pids", {}))
     if state.get("serve_pid"):
         pids["serve"] = state["serve_pid"]
-    localcluster.stop_pids(pids)
+    cluster.stop_pids(pids)
     if state.get("netns"):
         subprocess.run(["ip", "netns", "delete", state["netns"]], check=False)
     (workdir / "cluster.json").unlink(missing_ok=True)
@@ -129,7 +130,7 @@ def cmd_exec(a: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m localcluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build the cluster binaries into the cache (no-op when present)")
@@ -148,7 +149,7 @@ def main() -> int:
             p.add_argument("argv", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     if a.cmd == "build":
-        print(localcluster.ensure_binaries())
+        print(cluster.ensure_binaries())
         return 0
     return {"up": cmd_up, "down": cmd_down, "env": cmd_env, "exec": cmd_exec, "_serve": cmd_serve}[a.cmd](a)
 

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from testbed import REPO
+
 ORACLE_ROOT = Path(os.environ.get("SGLANG_ORACLE_DIR", REPO / ".venv-sglang"))
 
 
@@ -92,7 +93,7 @@ def container_env(container: dict, pod_ip: str = "10.1.2.3") -> dict[str, str]:
 def container_argv(container: dict, pod_ip: str = "10.1.2.3") -> list[str]:
     """A container's args as its process sees them: ``$(VAR)`` expanded from ``container_env`` the
     way the kubelet does."""
-    from tests.cluster.podrunner import expand
+    from localcluster.podspec import expand
 
     env = container_env(container, pod_ip)
     return [expand(a, env) for a in container["args"]]

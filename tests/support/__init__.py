@@ -1,1 +1,0 @@
-"""Helpers shared by test suites (real processes, not mocks)."""
