@@ -44,7 +44,7 @@ from hicache_operator.io.kube import ChildRefused, Kube
 from hicache_operator.plan import render
 from hicache_operator.plan import status as status_
 from hicache_operator.plan.status import Desired, Observed, Status, SwapView
-from hicache_operator.plan.validation import Finding, Outcome, validate
+from hicache_operator.plan.validation import Finding, Outcome, check_rendered, validate
 from hicache_operator.rollout import act
 
 log = logging.getLogger("hicache_operator")
@@ -209,17 +209,20 @@ def plan(body: dict[str, Any], nodes: list[dict] | None, *, process_backed: bool
     spec, sized = outcome.spec, outcome.sizing
     assert spec is not None
     try:
-        children = render.children(spec, sized, owner, process_backed=process_backed)
+        rendered = render.render(spec, sized, owner, process_backed=process_backed)
     except ValueError as exc:  # fromNodeMemory without nodes: only when the caller passed none
         outcome.findings.append(Finding("schema", "error", str(exc)))
+        return Plan(outcome, owner)
+    outcome.findings += check_rendered(spec, rendered)  # what podTemplate would change in the pod
+    if not outcome.ok:
         return Plan(outcome, owner)
     effective = EffectiveConfig(
         engine=spec.engine, model=spec.model,
         hicache=_effective_hicache(spec),
-        command=children[-1]["spec"]["template"]["spec"]["containers"][0]["command"],
-        args=render.args(spec, sized),
-        restart_hash=render.restart_hash(spec, sized, owner, process_backed=process_backed),
-        storage_hash=render.storage_hash(spec),
+        command=rendered.command,
+        args=rendered.args,
+        restart_hash=rendered.restart_hash,
+        storage_hash=rendered.storage_hash,
         normalisations=[RuleNote(rule=f.rule, message=f.message) for f in outcome.of("normalised")],
         warnings=[RuleNote(rule=f.rule, message=f.message) for f in outcome.of("warning")])
     desired = Desired(replicas=spec.replicas, selector=labels.selector_string(owner.name),
@@ -227,7 +230,7 @@ def plan(body: dict[str, Any], nodes: list[dict] | None, *, process_backed: bool
                       restart_hash=effective.restart_hash, storage_hash=effective.storage_hash,
                       backend=spec.hicache.storage.backend, host_pool=render.host_pool_text(spec, sized),
                       effective_config=effective, sizing=sized)
-    return Plan(outcome, owner, desired, children)
+    return Plan(outcome, owner, desired, rendered.children)
 
 
 def start_step_beside_applies(ctx: Context, run: _Run) -> Future | None:

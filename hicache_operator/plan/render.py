@@ -327,26 +327,34 @@ def _affinity(spec: HiCacheDeploymentSpec, name: str) -> dict[str, Any]:
     return affinity
 
 
-def pod_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
-                 process_backed: bool, include_storage: bool = True) -> dict[str, Any]:
-    """The pod template (``spec.podTemplate`` merged onto ``operator_template``); with include_storage
-    False, the input of the restart hash."""
-    base = operator_template(spec, sizing, owner, process_backed=process_backed, include_storage=include_storage)
-    return overlay.merge(base, spec.pod_template.dump())
+def storage_owned(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
+                  include_storage: bool = True) -> dict[str, Any]:
+    """The runtime container's fields that hold storage settings (the L3 flags, the Mooncake env,
+    the Mooncake segment's memory); without ``include_storage`` as the restart hash reads them."""
+    return {"args": args(spec, sizing, include_storage=include_storage),
+            "env": _env(spec, owner, include_storage),
+            "resources": resources(spec, sizing, include_storage=include_storage)}
+
+
+def without_storage(base: dict[str, Any], spec: HiCacheDeploymentSpec, sizing: SizingRecord | None,
+                    owner: Owner) -> dict[str, Any]:
+    """``base`` (an ``operator_template``) with its runtime container's storage-owned fields as they
+    are without storage: the restart hash's input before the overlay. ``base`` is not changed."""
+    first, *rest = base["spec"]["containers"]
+    container = {**first, **storage_owned(spec, sizing, owner, include_storage=False)}
+    return {**base, "spec": {**base["spec"], "containers": [container, *rest]}}
 
 
 def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
-                      process_backed: bool = False, include_storage: bool = True) -> dict[str, Any]:
+                      process_backed: bool = False) -> dict[str, Any]:
     """The pod template as the operator renders it, before ``spec.podTemplate``."""
     http = {"port": "http"}
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,
         "command": flags.command(spec.engine),
-        "args": args(spec, sizing, include_storage=include_storage),
+        **storage_owned(spec, sizing, owner),
         "ports": [{"name": "http", "containerPort": flags.RUNTIME_PORT, "protocol": "TCP"}],
-        "env": _env(spec, owner, include_storage),
-        "resources": resources(spec, sizing, include_storage=include_storage),
         "readinessProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": 5, "timeoutSeconds": 2,
                            "failureThreshold": 2},
         "startupProbe": {"httpGet": {**http, "path": "/health"}, "periodSeconds": model_source.STARTUP_PROBE_PERIOD,
@@ -405,11 +413,6 @@ def operator_template(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, 
             "spec": pod_spec}
 
 
-def restart_hash(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
-                 process_backed: bool) -> str:
-    return digest(pod_template(spec, sizing, owner, process_backed=process_backed, include_storage=False))
-
-
 def _meta(owner: Owner, name: str, component: str) -> dict[str, Any]:
     return {"name": name, "namespace": owner.namespace,
             "labels": {**labels.selector_labels(owner.name), labels.DEPLOYMENT: owner.name,
@@ -422,14 +425,7 @@ def _stamp(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def statefulset(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
-                process_backed: bool) -> dict[str, Any]:
-    template = pod_template(spec, sizing, owner, process_backed=process_backed)
-    template["metadata"]["annotations"].update({
-        labels.RESTART_HASH: restart_hash(spec, sizing, owner, process_backed=process_backed),
-        labels.STORAGE_HASH: storage_hash(spec),
-        labels.STORAGE_BACKEND: spec.hicache.storage.backend,
-    })
+def statefulset(spec: HiCacheDeploymentSpec, owner: Owner, template: dict[str, Any]) -> dict[str, Any]:
     n = names(owner.name)
     return _stamp({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -742,9 +738,52 @@ def mooncake_master_service(managed: ManagedMaster, owner: Owner) -> dict[str, A
     })
 
 
-def children(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
+@dataclass(frozen=True)
+class Rendered:
+    """One render of a fleet: the operator's pod template built once, and everything read from it.
+
+    When spec.podTemplate cannot be merged (an item of a keyed list without its key), ``template``
+    and ``restart_hash`` are None and ``children`` is empty: ``validation.check_rendered`` reports
+    that overlay as a conflict, so such a render is never applied."""
+
+    base_template: dict[str, Any]  # the operator's pod template, before spec.podTemplate
+    template: dict[str, Any] | None  # after spec.podTemplate, with the restart and storage annotations
+    restart_hash: str | None  # of the template without its storage-owned fields: a live swap restarts no pod
+    storage_hash: str
+    args: list[str]
+    command: list[str]  # the runtime container's
+    children: list[dict[str, Any]]  # the applied children, in apply order, the StatefulSet last
+
+
+def render(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Owner, *,
+           process_backed: bool = False) -> Rendered:
+    """Build the operator's pod template once, merge ``spec.podTemplate`` onto it, and render every
+    applied child around it. Raises ValueError when the pod cannot be rendered (fromNodeMemory
+    without a sizing record)."""
+    base = operator_template(spec, sizing, owner, process_backed=process_backed)
+    patch = spec.pod_template.dump()
+    storage = storage_hash(spec)
+    runtime = base["spec"]["containers"][0]
+    try:
+        restart = digest(overlay.merge(without_storage(base, spec, sizing, owner), patch))
+        template = overlay.merge(base, patch)
+    except overlay.OverlayError:
+        return Rendered(base_template=base, template=None, restart_hash=None, storage_hash=storage,
+                        args=list(runtime["args"]), command=list(runtime["command"]), children=[])
+    template["metadata"]["annotations"].update({
+        labels.RESTART_HASH: restart,
+        labels.STORAGE_HASH: storage,
+        labels.STORAGE_BACKEND: spec.hicache.storage.backend,
+    })
+    return Rendered(base_template=base, template=template, restart_hash=restart, storage_hash=storage,
+                    args=list(runtime["args"]), command=template["spec"]["containers"][0]["command"],
+                    children=_children(spec, owner, statefulset(spec, owner, template), process_backed=process_backed))
+
+
+def _children(spec: HiCacheDeploymentSpec, owner: Owner, sts: dict[str, Any], *,
              process_backed: bool = False) -> list[dict[str, Any]]:
-    """The applied children, in apply order (the StatefulSet last, after what its pods mount).
+    """The applied children around the StatefulSet ``sts``, in apply order (the StatefulSet last,
+    after what its pods mount).
 
     The key Secrets are not among them: ``generated_secrets`` renders them, and they are created,
     never applied, so an existing key cannot be rotated by a re-render. With the router on, its
@@ -755,7 +794,6 @@ def children(spec: HiCacheDeploymentSpec, sizing: SizingRecord | None, owner: Ow
         mooncake_master_deployment(spec, managed, owner, process_backed=process_backed)]
     model = model_configmap(spec, owner)
     configmaps = [configmap(spec, owner), *([model] if model else [])]
-    sts = statefulset(spec, sizing, owner, process_backed=process_backed)
     if not spec.router_on:
         return [*configmaps, headless_service(owner), service(owner), pdb(spec, owner), *master, sts]
     return [*configmaps, *router_rbac(owner), headless_service(owner), serving_service(owner),

@@ -2,7 +2,7 @@
 pods on an older template) runs during the child applies when every pod runs the current
 template, else after them, told the template's restart hash only once the StatefulSet carries
 it; when no pod is to be restarted the StatefulSet's apply goes out while the status is
-written. Each phase runs once: one status derivation per reconcile.
+written. Each phase runs once: one render and one status derivation per reconcile.
 
 The Kube here records calls in order (the decision under test is the ordering, a pure matter);
 the same path runs against a real API server in tests/e2e/test_backend_swap.py.
@@ -171,24 +171,32 @@ def test_the_routers_account_and_rbac_are_applied_before_anything_starts_pods():
         assert {"apply ServiceAccount", "apply Role", "apply RoleBinding"} <= set(before.split(",")), before
 
 
-def test_one_reconcile_derives_the_status_once(monkeypatch):
+def test_one_reconcile_renders_the_pod_template_once_and_derives_the_status_once(monkeypatch):
     """Whatever it learns late (spec.replicas of an invalid spec, its swap step, the runtimes'
-    L3 reads), a reconcile derives the status once, from one observation."""
-    derived = []
-    plain_derive = status_.derive
+    L3 reads), a reconcile renders once and derives the status once, from one observation."""
+    derived, renders, templates = [], [], []
+    plain_derive, plain_render, plain_template = status_.derive, render.render, render.operator_template
     monkeypatch.setattr(status_, "derive", lambda o: derived.append(o) or plain_derive(o))
+    monkeypatch.setattr(render, "render", lambda *a, **k: renders.append(a) or plain_render(*a, **k))
+    monkeypatch.setattr(render, "operator_template", lambda *a, **k: templates.append(a) or plain_template(*a, **k))
     desired = plan(body(SPEC), NODES).desired
     for pods, apply in ((pods_with(desired.restart_hash), True), (pods_with("an-older-template"), True),
                         ([], False)):
         kube = RecordingKube(desired.restart_hash)
         kube.release.set()
-        derived.clear()
-        result = reconcile(context(kube, StepRecorder()), seen(body(SPEC), NODES, pods, apply=apply))
+        for calls in (derived, renders, templates):
+            calls.clear()
+        recorder = StepRecorder()
+        result = reconcile(context(kube, recorder), seen(body(SPEC), NODES, pods, apply=apply))
         assert len(derived) == 1 and result.status.observed is derived[0]
-    derived.clear()
+        assert len(renders) == 1 and len(templates) == 1
+        assert len(recorder.given) == (1 if pods else 0)  # the step ran in this reconcile
+    for calls in (derived, renders):
+        calls.clear()
     invalid = {**SPEC, "replicas": -1}
     result = reconcile(context(RecordingKube(None), StepRecorder()), seen(body(invalid), NODES, []))
-    assert len(derived) == 1 and result.status["conditions"][0]["type"] == "ConfigValid"
+    assert len(derived) == 1 and renders == []
+    assert next(c for c in result.status["conditions"] if c["type"] == "ConfigValid")["status"] == "False"
 
 
 def test_a_swap_step_derives_its_storage_target_from_the_spec_once(monkeypatch):
