@@ -231,6 +231,9 @@ class Controller:
                 self.queue.succeeded(key)
                 self.failing.pop(key, None)
             except Exception as exc:  # a bug must not stop the worker or the other deployments
+                if self.stop.is_set():  # cut short by the operator's own shutdown: the next operator redoes it
+                    log.warning("reconcile of %s/%s stopped by the shutdown: %s", *key, failures.failure_message(exc))
+                    continue
                 api = isinstance(exc, ApiException)
                 metrics.RECONCILES.labels(request.trigger, "api_error" if api else "error").inc()
                 delay = self.queue.retry(key, request)
@@ -319,7 +322,6 @@ class Controller:
             if step.renewing is not None:  # planned on a read that no longer holds: look again when it says so
                 step.renewing.add_done_callback(lambda done: done.exception() is None and done.result()
                                                 and self.enqueue(key, Request("swap", urgent=True)))
-        assert result.status is not None
         self.track_swap(key, result.status)
         metrics.record_swap_progress(*key, result.status.get("swapProgress"))
         if result.requeue_after is not None and result.requeue_after < SWAP_POLL:  # the swap poll covers the rest

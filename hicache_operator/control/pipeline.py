@@ -15,7 +15,7 @@
            status);
 6. settle  wait for the step's last gate patches, then post the Events.
 
-``observe`` builds the ``Observation`` from the watches. The ``Result`` says when to look
+``observe`` builds the ``Observation`` (``context``) from the watches. The ``Result`` says when to look
 again; the controller requeues by it. With ``seen.apply`` False (pod and node events) nothing
 is applied: the status is derived and written, and a swap step may run.
 """
@@ -23,20 +23,18 @@ is applied: the status is derived and written, and a swap step may run.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import kopf
 from kubernetes.client.exceptions import ApiException
 
 from hicache_operator.api import labels
-from hicache_operator.api.conditions import now
 from hicache_operator.api.status import EffectiveConfig, MooncakeMasterStatus, RuleNote
 from hicache_operator.control import children, problems
-from hicache_operator.control.informers import Informers, Key
+from hicache_operator.control.context import Context, Observation
+from hicache_operator.control.informers import Key
 from hicache_operator.control.stepping import swap_step
 from hicache_operator.fleet.pods import pod_is_terminating, restart_hash_of
 from hicache_operator.io import metrics, model_progress
@@ -50,60 +48,6 @@ from hicache_operator.rollout import act
 log = logging.getLogger("hicache_operator")
 
 
-def post_event(body: dict, type_: str, reason: str, message: str) -> None:
-    kopf.event(body, type=type_, reason=reason, message=message)
-
-
-@dataclass(frozen=True)
-class Context:
-    """What every reconcile shares: the API client, the watches' caches (read, and refreshed by
-    the status write), the swap executor (None: no swap step), the clock, the Event poster."""
-
-    kube: Kube
-    informers: Informers = field(default_factory=Informers)
-    swapper: act.Swapper | None = None
-    clock: Callable[[], str] = now
-    process_backed: bool = False  # every fleet's pods run as processes (the local test cluster)
-    new_key: Callable[[], str] = lambda: secrets.token_urlsafe(32)
-    post: Callable[[dict, str, str, str], None] = post_event
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One deployment as the watches show it when its key is taken. ``pods``: None to list
-    them; ``master``: the managed master's Deployment (``informers.master_essence``), None when
-    there is none; ``failing``: the last reconcile of this generation failed; ``waited``: how
-    long the request queued."""
-
-    key: Key
-    body: dict[str, Any]
-    trigger: str = "resync"
-    apply: bool = True
-    nodes: list[dict] | None = None
-    pods: list[dict] | None = None
-    master: dict[str, Any] | None = None
-    router_pods: list[dict] = field(default_factory=list)
-    failing: bool = False
-    waited: float = 0.0
-
-    @property
-    def previous(self) -> dict[str, Any]:
-        return self.body.get("status") or {}
-
-    @property
-    def generation(self) -> int:
-        return int(self.body["metadata"].get("generation") or 0)
-
-    @property
-    def post_findings(self) -> bool:
-        """The generation is new to the status: its validation findings are posted."""
-        return self.previous.get("observedGeneration") != self.body["metadata"].get("generation")
-
-    @property
-    def why(self) -> str:
-        return f"{self.trigger} waited={self.waited:.3f}"
-
-
 @dataclass
 class Plan:
     outcome: Outcome
@@ -112,21 +56,23 @@ class Plan:
     children: list[dict[str, Any]] = field(default_factory=list)  # without the admin Secret
 
 
-@dataclass
+@dataclass(frozen=True)
 class Result:
     """What one reconcile did and what it leaves to follow: ``written`` False when the
-    deployment was gone; ``requeue_after``: step again this soon (None: an event or the swap
-    poll brings the next step); the step's ``busy_drains`` and ``renewing`` say when else to."""
+    deployment was gone; ``settled``: the step's gate patches all succeeded; ``requeue_after``:
+    step again this soon (None: an event or the swap poll brings the next step); the step's
+    ``busy_drains`` and ``renewing`` say when else to; ``l3_unavailable``: pod -> why its
+    runtime last reported its L3 store unavailable."""
 
     plan: Plan
     pods: list[dict[str, Any]]
-    events: list[problems.Event] = field(default_factory=list)
-    status: Status | None = None
-    step: act.StepResult | None = None
-    written: bool = False
-    settled: bool = True
-    requeue_after: float | None = None
-    l3_unavailable: dict[str, str] = field(default_factory=dict)
+    events: list[problems.Event]
+    status: Status
+    step: act.StepResult | None
+    written: bool
+    settled: bool
+    requeue_after: float | None
+    l3_unavailable: dict[str, str]
 
 
 @dataclass
@@ -157,7 +103,7 @@ def reconcile(ctx: Context, seen: Observation) -> Result:
     p = plan(seen.body, seen.nodes, process_backed=ctx.process_backed)
     run = _Run(seen, p, seen.pods if seen.pods is not None else ctx.kube.pods(*seen.key),
                problems.finding_events(p.outcome) if seen.post_findings else [])
-    if run.plan.desired is not None:
+    if p.desired is not None:
         beside = start_step_beside_applies(ctx, run)
         try:
             apply(ctx, run)
@@ -166,16 +112,14 @@ def reconcile(ctx: Context, seen: Observation) -> Result:
         step(ctx, run, beside)
         find_problems(ctx, run)
     status = derive(ctx, run)
-    result = Result(run.plan, run.pods, run.events, status, run.step,
-                    l3_unavailable=dict(status.observed.l3_unavailable))
     try:
-        result.written = write(ctx, run, status)
+        written = write(ctx, run, status)
     finally:
-        result.settled = settle(ctx, run)
-    if result.written:
+        settled = settle(ctx, run)
+    if written:
         post(ctx, run, status)
-    result.requeue_after = requeue_after(run.step, result.settled)
-    return result
+    return Result(p, run.pods, run.events, status, run.step, written, settled, requeue_after(run.step, settled),
+                  dict(status.observed.l3_unavailable))
 
 
 def observe(ctx: Context, key: Key, *, trigger: str, apply: bool, failing: bool = False,

@@ -7,16 +7,12 @@ degraded deployment). The storage target is derived from the spec once per step,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hicache_operator.api.spec import HiCacheDeploymentSpec
+from hicache_operator.control.context import Context, Observation
 from hicache_operator.plan import render
 from hicache_operator.rollout import act, due
 from hicache_operator.rollout.act.step import StepInput
 from hicache_operator.rollout.observation import RolloutSettings
-
-if TYPE_CHECKING:
-    from hicache_operator.control.pipeline import Context, Observation
 
 READ_TRIGGERS = ("resync", "master", "storage")  # triggers that step (read every runtime) regardless
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import httpx
 
@@ -31,12 +31,23 @@ from ..state import Stage
 from .pod_writes import PodWrites
 from .router_client import read_routers, route
 from .runtime_client import RuntimeClient, shared_client
-from .views import CachedView, read_pod
-
-if TYPE_CHECKING:
-    from .executor import Swapper
+from .views import CachedView, ViewCache, read_pod
 
 Fleet = tuple[str, str]
+
+
+class Fleetwide(Protocol):
+    """What a step uses of the state that outlives it (``executor.Swapper``)."""
+
+    views: ViewCache
+    routes: dict[Fleet, dict[str, tuple[int, int | None]]]
+    gate_pool: Executor
+
+    async def reads(self, http: httpx.AsyncClient, fleet: Fleet, pods: list[dict], endpoints: dict[str, bool],
+                    stages: dict[str, str | None], key: str | None, rolling: bool,
+                    acted: dict[str, dt.datetime]) -> tuple[list[CachedView | None], list[CachedView]]: ...
+
+    def renew(self, fleet: Fleet, stale: list[tuple[dict, CachedView]], key: str | None) -> Future | None: ...
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,7 @@ class StepInput:
 class StepRun:
     """The parts of one step (see the module docstring); ``run`` is the whole step."""
 
-    def __init__(self, swapper: Swapper, writes: PodWrites, given: StepInput) -> None:
+    def __init__(self, swapper: Fleetwide, writes: PodWrites, given: StepInput) -> None:
         self.swapper, self.writes, self.given = swapper, writes, given
         self.t0, self.wall0 = time.monotonic(), time.time()
         self.endpoints_then = given.endpoints()

@@ -111,7 +111,7 @@ class StepRecorder:
 
 def seen(kube_body: dict, nodes: list[dict], pods: list[dict] | None = None, **more):
     """The pipeline's ``Observation`` of ``kube_body`` (a resync unless ``trigger`` says)."""
-    from hicache_operator.control.pipeline import Observation
+    from hicache_operator.control.context import Observation
 
     meta = kube_body["metadata"]
     return Observation((meta.get("namespace", "default"), meta["name"]), kube_body, nodes=nodes, pods=pods, **more)
@@ -119,7 +119,7 @@ def seen(kube_body: dict, nodes: list[dict], pods: list[dict] | None = None, **m
 
 def context(kube, swapper=None, posted: list | None = None, **more):
     """A pipeline ``Context`` whose Events go to ``posted`` as (type, reason, message)."""
-    from hicache_operator.control.pipeline import Context
+    from hicache_operator.control.context import Context
 
     kept = posted if posted is not None else []
     return Context(kube=kube, swapper=swapper, clock=lambda: "2026-01-01T00:00:00Z",
