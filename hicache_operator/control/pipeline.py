@@ -87,7 +87,7 @@ class _Run:
     created: list[str] = field(default_factory=list)  # key Secrets this reconcile generated
     workload: children.Workload | None = None  # the StatefulSet's apply, left to the write
     step: act.StepResult | None = None
-    problems: list[problems.Problem] = field(default_factory=list)
+    found: list[problems.Problem] = field(default_factory=list)  # what Degraded names besides the pods
     timings: dict[str, float] = field(default_factory=dict)  # monotonic: "write", "written"
 
     @property
@@ -250,8 +250,8 @@ def find_problems(ctx: Context, run: _Run) -> None:
     namespace, name = run.seen.key
     events, found = problems.secrets(ctx.kube, spec, namespace, name, run.created, run.seen.apply)
     run.events += events
-    run.problems = found + problems.elsewhere(ctx.kube, spec, namespace, run.plan.outcome, desired.sizing,
-                                              run.seen.nodes)
+    run.found = found + problems.elsewhere(ctx.kube, spec, namespace, run.plan.outcome, desired.sizing,
+                                           run.seen.nodes)
 
 
 def derive(ctx: Context, run: _Run) -> Status:
@@ -262,7 +262,7 @@ def derive(ctx: Context, run: _Run) -> Status:
     return status_.derive(Observed(
         generation=seen.generation, previous=seen.previous, now=ctx.clock(), desired=p.desired,
         errors=() if valid else tuple((f.rule, f.message) for f in p.outcome.errors), pods=tuple(run.pods),
-        problems=tuple(run.problems), spec_replicas=spec_replicas(seen.body),
+        problems=tuple(run.found), spec_replicas=spec_replicas(seen.body),
         swap=None if s is None else SwapView(s.backend_swap, tuple(c.brief() for c in s.conditions)),
         downloads=model_progress.read(run.pods) if valid else {}, master=run.master,
         router_pods=tuple(seen.router_pods), l3_unavailable=l3_down))

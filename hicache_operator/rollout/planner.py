@@ -87,7 +87,8 @@ from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 from hicache_operator.api.conditions import SWAP_FAILED, SWAP_IN_PROGRESS, Condition, condition
-from hicache_operator.fleet.storage_config import StorageConfig, as_target, clip_message, config_matches, storage_fingerprint
+from hicache_operator.fleet.storage_config import (StorageConfig, as_target, clip_message, config_matches,
+                                                   storage_fingerprint)
 
 from .actions import Action, DeletePod, Event, SetRouted, SetServingGate, SwapPlan
 from .observation import PodObservation, RolloutSettings

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping
 
-from hicache_operator.fleet.storage_config import StorageConfig, attach_payload, clip_message, config_matches, storage_fingerprint, updatable_in_place
+from hicache_operator.fleet.storage_config import (StorageConfig, attach_payload, clip_message, config_matches,
+                                                   storage_fingerprint, updatable_in_place)
 
 from .actions import Action, Attach, DeletePod, Detach, Event, SetRouted, SetServingGate
 from .observation import PodObservation, RolloutSettings
