@@ -106,7 +106,7 @@ def master_view(spec: Any, name: str, observed: dict[str, Any] | None) -> Moonca
     if managed is None:
         return None
     ready = int((observed or {}).get("readyReplicas") or 0)
-    return MooncakeMasterStatus(deployment=render.names(name)["mooncakeMaster"],
+    return MooncakeMasterStatus(deployment=render.names(name).mooncake_master,
                                 address=spec.hicache.storage.mooncake.master_address,
                                 replicas=managed.ha.replicas if managed.ha is not None else 1,
                                 ready_replicas=ready, ready=ready > 0)
@@ -215,7 +215,7 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     master_status = master_view(spec, name, master)
     hold = apply and master_status is not None and not master_status.ready and kube.template_hash(ns, name) is None
     if apply and master is not None and master_status is None:
-        n = render.names(name)["mooncakeMaster"]
+        n = render.names(name).mooncake_master
         kube.concurrently(lambda: kube.delete("Deployment", ns, n), lambda: kube.delete("Service", ns, n))
 
     no_restarts = all(restart_hash_of(pod) == p.desired.restart_hash for pod in pods)
@@ -242,7 +242,7 @@ def reconcile(kube: Kube, body: dict[str, Any], nodes: list[dict] | None, *, app
     if apply and not spec.router_on and (live_routers or previous.get("routerReady") is not None):
         if any(kube.concurrently(*(lambda kind=kind, child=child: kube.delete(kind, ns, child)
                                    for _, kind, child in render.router_children(p.owner)))):
-            events.append(("Normal", "RouterRemoved", f"the router is off: removed {render.names(name)['router']}; "
+            events.append(("Normal", "RouterRemoved", f"the router is off: removed {render.names(name).router}; "
                            f"Service {name} selects the pods in serving"))
     for which, reason, what in (("admin", "Admin", "the admin API key"), ("api", "Api", "the clients' API key")):
         if which == "api" and not render.uses_api_key(spec):
