@@ -83,6 +83,6 @@ def remove_router(kube: Kube, owner: render.Owner) -> bool:
 
 def remove_master(kube: Kube, owner: render.Owner) -> None:
     """Delete the managed Mooncake master's Deployment and Service."""
-    n = render.names(owner.name)["mooncakeMaster"]
+    n = render.names(owner.name).mooncake_master
     kube.concurrently(lambda: kube.delete("Deployment", owner.namespace, n),
                       lambda: kube.delete("Service", owner.namespace, n))

@@ -209,7 +209,7 @@ def apply(ctx: Context, run: _Run) -> None:
     live_routers = [r for r in seen.router_pods if not pod_is_terminating(r)]
     if not spec.router_on and (live_routers or seen.previous.get("routerReady") is not None):
         if children.remove_router(ctx.kube, p.owner):
-            run.events.append(("Normal", "RouterRemoved", f"the router is off: removed {render.names(name)['router']}; "
+            run.events.append(("Normal", "RouterRemoved", f"the router is off: removed {render.names(name).router}; "
                                f"Service {name} selects the pods in serving"))
 
 

@@ -35,7 +35,7 @@ def master_view(spec: Any, name: str, observed: dict[str, Any] | None) -> Moonca
     if managed is None:
         return None
     ready = int((observed or {}).get("readyReplicas") or 0)
-    return MooncakeMasterStatus(deployment=render.names(name)["mooncakeMaster"],
+    return MooncakeMasterStatus(deployment=render.names(name).mooncake_master,
                                 address=spec.hicache.storage.mooncake.master_address,
                                 replicas=managed.ha.replicas if managed.ha is not None else 1,
                                 ready_replicas=ready, ready=ready > 0)

@@ -175,10 +175,11 @@ def test_one_reconcile_renders_the_pod_template_once_and_derives_the_status_once
     """Whatever it learns late (spec.replicas of an invalid spec, its swap step, the runtimes'
     L3 reads), a reconcile renders once and derives the status once, from one observation."""
     derived, renders, templates = [], [], []
-    plain_derive, plain_render, plain_template = status_.derive, render.render, render.operator_template
+    plain_derive, plain_render, plain_template = status_.derive, render.render, render.statefulset.operator_template
     monkeypatch.setattr(status_, "derive", lambda o: derived.append(o) or plain_derive(o))
     monkeypatch.setattr(render, "render", lambda *a, **k: renders.append(a) or plain_render(*a, **k))
-    monkeypatch.setattr(render, "operator_template", lambda *a, **k: templates.append(a) or plain_template(*a, **k))
+    monkeypatch.setattr(render.statefulset, "operator_template",
+                        lambda *a, **k: templates.append(a) or plain_template(*a, **k))
     desired = plan(body(SPEC), NODES).desired
     for pods, apply in ((pods_with(desired.restart_hash), True), (pods_with("an-older-template"), True),
                         ([], False)):

@@ -16,12 +16,12 @@ MOONCAKE = {"backend": "mooncake", "mooncake": {"masterAddress": "mc:50051", "gl
 def builds(monkeypatch) -> list[str]:
     """Every call of the operator-template builder, wherever it comes from."""
     calls: list[str] = []
-    real = render.operator_template
+    real = render.statefulset.operator_template
 
     def counted(*args, **kwargs):
         calls.append(args[2].name)
         return real(*args, **kwargs)
-    monkeypatch.setattr(render, "operator_template", counted)
+    monkeypatch.setattr(render.statefulset, "operator_template", counted)
     return calls
 
 
