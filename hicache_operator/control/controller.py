@@ -24,8 +24,9 @@ deployment's key at a time (``workqueue``):
   every ``STORAGE_POLL``, so the condition clears within that once the pods recover (no
   Kubernetes event announces it).
 
-``process`` is one reconcile plus one swap step of one deployment; its status is written before
-the key is released, so no step plans from a stale status.
+``process`` runs one deployment's reconcile (``pipeline``: observe, plan, apply, swap step,
+derive, write, settle) and requeues it by the result; its status is written before the key is
+released, so no step plans from a stale status.
 """
 
 from __future__ import annotations
@@ -37,30 +38,22 @@ import os
 import random
 import threading
 import time
-from concurrent.futures import wait
 from typing import Any
 
-import kopf
 from kubernetes.client.exceptions import ApiException
 
-from hicache_operator.control import failures
-from hicache_operator.io import metrics
-from hicache_operator.plan import render
-from hicache_operator.api.conditions import now
+from hicache_operator.control import failures, pipeline
 from hicache_operator.control.informers import Informers, Key
-from hicache_operator.io.kube import ChildRefused, Kube, load_config
-from hicache_operator.control.pipeline import Plan, Result, reconcile
-from hicache_operator.rollout import act, due
-from hicache_operator.fleet import gate
-from hicache_operator.api.spec import HiCacheDeploymentSpec
-from hicache_operator.plan.status import SwapView
 from hicache_operator.control.workqueue import Request, WorkQueue
+from hicache_operator.fleet import gate
+from hicache_operator.io import metrics
+from hicache_operator.io.kube import ChildRefused, Kube, load_config
+from hicache_operator.rollout import act, due
 
 PROCESS_BACKED_ENV = "HICACHE_PROCESS_BACKED_PODS"
 INTERVAL = float(os.environ.get("HICACHE_RECONCILE_INTERVAL", "30"))
 SWAP_POLL = float(os.environ.get("HICACHE_SWAP_POLL_SECONDS", "1"))
 STORAGE_POLL = 5.0  # while a pod reports L3 unavailable: how soon its runtime is read again
-READ_TRIGGERS = ("resync", "master", "storage")  # triggers that step (read every runtime) regardless
 WORKERS_ENV = "HICACHE_WORKERS"
 WORKERS = int(os.environ.get(WORKERS_ENV, "16"))
 LAG_CHECK_SECONDS = 0.05  # see rollout.endpoint_lag
@@ -86,7 +79,6 @@ class Controller:
         self._known_guard = threading.Lock()
         self.swapping: set[Key] = set()  # deployments whose last status has a swap in flight
         self.l3_unavailable: set[Key] = set()  # deployments with a pod whose runtime last reported L3 unavailable
-        self.stepping: set[Key] = set()  # deployments in a swap step whose status is not yet written
         self.failing: dict[Key, int] = {}  # deployment -> the generation whose reconcile last failed
         self.stop = threading.Event()
         self._started = False
@@ -174,7 +166,7 @@ class Controller:
         come first. A fleet with a router is stepped on any readiness change: its routers follow
         the endpoints (``rollout.due``)."""
         self.touches.dirty(key)
-        active = key in self.swapping or key in self.stepping
+        active = key in self.swapping or key in self.swapper.stepping
         if active:
             self.touches.written(key, self.informers.live_pods(key), self.informers.serving_endpoints(key),
                                  time.monotonic())
@@ -239,12 +231,15 @@ class Controller:
                 self.queue.succeeded(key)
                 self.failing.pop(key, None)
             except Exception as exc:  # a bug must not stop the worker or the other deployments
+                if self.stop.is_set():  # cut short by the operator's own shutdown: the next operator redoes it
+                    log.warning("reconcile of %s/%s stopped by the shutdown: %s", *key, failures.failure_message(exc))
+                    continue
                 api = isinstance(exc, ApiException)
                 metrics.RECONCILES.labels(request.trigger, "api_error" if api else "error").inc()
                 delay = self.queue.retry(key, request)
-                failures.report_failure(self, key, exc, delay)
+                failures.report_failure(self.kube, self.informers.bodies, self.failing, key, exc, delay)
             finally:
-                self.stepping.discard(key)
+                self.swapper.written(key)
                 self.queue.done(key)
 
     def _resync_loop(self) -> None:
@@ -281,105 +276,45 @@ class Controller:
     def check_endpoint_lag(self, now_: float) -> None:
         """Touch the client Service of each deployment in a swap (or a step) whose EndpointSlice
         sits on a readiness flip (``rollout.endpoint_lag``)."""
-        self.touches.check(set(self.swapping) | set(self.stepping), self.informers.live_pods,
+        self.touches.check(set(self.swapping) | set(self.swapper.stepping), self.informers.live_pods,
                            self.informers.serving_endpoints, now_)
 
     # ------------------------------------------------------------------ one reconcile
 
-    def process(self, key: Key, request: Request) -> Result | None:
-        """One reconcile (+ one swap step) of the deployment as it is now; the status is written
-        before the queue lets another worker at the same key. Validation findings are posted
-        when the generation is new to the status."""
-        namespace, name = key
+    def process(self, key: Key, request: Request) -> pipeline.Result | None:
+        """Take the deployment as the watches show it, run the pipeline (its status is written
+        before the queue lets another worker at the key), requeue by its result."""
         waited = time.monotonic() - request.queued_at if request.queued_at is not None else 0.0
         metrics.QUEUE_WAIT_SECONDS.labels(request.trigger).observe(waited)
         with metrics.RECONCILE_SECONDS.labels(request.trigger).time():
-            raw = self.informers.bodies.get(key) or self.kube.get_deployment(namespace, name)
-            if raw is None or (raw.get("metadata") or {}).get("deletionTimestamp"):
+            ctx = self.context()
+            seen = pipeline.observe(ctx, key, trigger=request.trigger, apply=request.apply,
+                                    failing=key in self.failing, waited=waited)
+            if seen is None:
                 return None
-            previous = raw.get("status") or {}
-            post_findings = previous.get("observedGeneration") != raw["metadata"].get("generation")
-            why = f"{request.trigger} waited={waited:.3f}"
-
-            def swap_step(p: Plan, pods: list[dict], restart_hash: str | None) -> act.StepResult | None:
-                spec = p.outcome.spec
-                if p.outcome.ok and spec is not None and (pods or due.pending(previous)) and (
-                        request.trigger in READ_TRIGGERS or request.trigger == "resume" and degraded(previous) or
-                        due.needed(previous, spec, pods, restart_hash, self.swapper.routes.get(key))):
-                    self.stepping.add(key)  # until its status is written (see slice_event)
-                    return self._swap_step(raw, spec, pods, restart_hash, why)
-                return None
-            assert self.informers.nodes is not None
             try:
-                result = reconcile(self.kube, raw, self.informers.nodes.nodes(), apply=request.apply, now=now(),
-                                   process_backed=process_backed(), post_findings=post_findings,
-                                   cached_pods=self.informers.cached_pods(key), master=self.informers.master(key),
-                                   alongside=swap_step, defer_workload=True,
-                                   router_pods=self.informers.router_pods(key))
+                result = pipeline.reconcile(ctx, seen)
             except ChildRefused as refused:
-                failures.report_refused(self, key, raw, refused)
+                failures.report_refused(self.kube, self.informers.bodies, key,
+                                        self.informers.bodies.get(key) or seen.body, refused)
                 metrics.RECONCILES.labels(request.trigger, "invalid").inc()
                 return None
-            if not self._persist(key, raw, result, request, previous, post_findings):
+            if not result.written:
                 return None
-        outcome = result.plan.outcome
-        if post_findings:
-            for f in outcome.findings:
-                if f.severity == "error":
-                    metrics.VALIDATION_FAILURES.labels(f.rule).inc()
-                elif f.severity == "normalised":
-                    metrics.NORMALISATIONS.labels(f.rule).inc()
-        metrics.RECONCILES.labels(request.trigger, "ok" if outcome.ok else "invalid").inc()
-        self._post(raw, result, previous)
+            self.follow(key, result)
+        metrics.RECONCILES.labels(request.trigger, "ok" if result.plan.outcome.ok else "invalid").inc()
         return result
 
-    def _persist(self, key: Key, raw: dict, result: Result, request: Request, previous: dict,
-                 post_findings: bool) -> bool:
-        """Write the status (the StatefulSet's apply going out meanwhile), wait for the step's
-        last gate patches, and follow the step up; False when nothing more is to be done."""
-        t_acted = time.monotonic()
-        step: act.StepResult | None = result.alongside
-        try:  # the swap step's last gate patches go out while the status is written
-            requeue = self._swap_events(result, step) if step is not None else None
-            l3_down = self.swapper.views.l3_unavailable(key, result.pods)
-            result.status = status = result.status.rederive(
-                spec_replicas=spec_replicas(raw), l3_unavailable=l3_down, swap=None if step is None else SwapView(
-                    step.backend_swap, tuple(c.brief() for c in step.conditions)))
-            write = (lambda: self.write_status(key, status)) if status != previous else (lambda: True)
-            if result.workload is None:
-                stored = write()
-            else:
-                # The StatefulSet goes out while the status is written (nothing in the status
-                # depends on it), except after a failed reconcile: then the status waits for the
-                # applies, so one that fails again leaves the failure in the status.
-                writing = self.kube.submit(write) if key not in self.failing else None
-                try:
-                    result.workload()
-                except ChildRefused as refused:
-                    wait([writing] if writing is not None else [])
-                    failures.report_refused(self, key, self.informers.bodies.get(key) or raw, refused)
-                    metrics.RECONCILES.labels(request.trigger, "invalid").inc()
-                    return False
-                except BaseException:
-                    if writing is not None:
-                        wait([writing])
-                        if not writing.exception() and post_findings:  # the status now has this generation:
-                            self._post(raw, result, previous)  # the retry would not post its findings again
-                    raise
-                stored = writing.result() if writing is not None else write()
-            if not stored:
-                return False
-            t_written = time.monotonic()
-        finally:
-            settled = act.settle(step)
-        t_settled = time.monotonic()
-        if not settled:  # a gate patch failed: its watch event will not come
-            requeue = act.AFTER_ACTIONS_SECONDS
-        elif step is not None and step.gates:
-            self.informers.note_gates(key, step.gates)
+    def context(self) -> pipeline.Context:
+        return pipeline.Context(kube=self.kube, informers=self.informers, swapper=self.swapper,
+                                process_backed=process_backed())
+
+    def follow(self, key: Key, result: pipeline.Result) -> None:
+        """Requeue by a written result: a step sooner than the swap poll, when a busy drain
+        ends, when a renewed read differs from the one planned on; and keep the sets the poll
+        loops read."""
+        step = result.step
         if step is not None:
-            log.info("swap step %s/%s persisted: status=%.3f gates=+%.3f", *key, t_written - t_acted,
-                     t_settled - t_written)
             if step.busy_drains:  # their records are persisted now
                 self.swapper.watch_drains(key, step.busy_drains,
                                           still_out=lambda pod: self.informers.still_out(key, pod),
@@ -387,69 +322,8 @@ class Controller:
             if step.renewing is not None:  # planned on a read that no longer holds: look again when it says so
                 step.renewing.add_done_callback(lambda done: done.exception() is None and done.result()
                                                 and self.enqueue(key, Request("swap", urgent=True)))
-        self.track_swap(key, status)
-        metrics.record_swap_progress(*key, status.get("swapProgress"))
-        if requeue is not None and requeue < SWAP_POLL:  # the swap poll covers the rest
-            self.queue.add_after(key, Request("swap", urgent=True), requeue)
-        (self.l3_unavailable.add if l3_down else self.l3_unavailable.discard)(key)  # see swap_poll
-        return True
-
-    def write_status(self, key: Key, status: dict) -> bool:
-        """Write the whole status; False when the deployment is gone meanwhile."""
-        try:
-            self.informers.bodies.offer(key, self.kube.replace_deployment_status(*key, status))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self.informers.bodies.deleted(key)  # deleted meanwhile: its DELETED event forgets it
-            return False
-        return True
-
-    def _swap_step(self, raw: dict, spec: HiCacheDeploymentSpec, pods: list[dict], restart_hash: str | None,
-                   why: str) -> act.StepResult:
-        """One swap step (swaps and drained restarts) on the pods as this reconcile sees them."""
-        meta = raw["metadata"]
-        key = (meta["namespace"], meta["name"])
-        secret, field = render.secret_ref(spec, meta["name"], "admin")
-        api_key = None
-        if spec.router_on and render.uses_api_key(spec):  # the router's own and its workers' key
-            api_secret, api_field = render.secret_ref(spec, meta["name"], "internal")
-            api_key = self.kube.secret_key(meta["namespace"], api_secret, api_field)
-        return self.swapper.step(self.kube.api, raw, spec, pods,
-                                 endpoints=lambda: self.informers.serving_endpoints(key),
-                                 key=self.kube.secret_key(meta["namespace"], secret, field),
-                                 restart_hash=restart_hash, why=why,
-                                 routers=self.informers.router_pods(key) if spec.router_on else [],
-                                 api_key=api_key)
-
-    @staticmethod
-    def _swap_events(result: Result, step: act.StepResult) -> float | None:
-        """The step's Events join the reconcile's; returns its requeue hint."""
-        for ev in step.events:
-            metrics.SWAP_EVENTS.labels(ev.reason).inc()
-            result.events.append((ev.type, ev.reason, ev.message))
-        return step.requeue_after
-
-    @staticmethod
-    def _post(body: Any, result: Result, previous: dict) -> None:
-        for etype, reason, message in result.events:
-            kopf.event(body, type=etype, reason=reason, message=message)
-        old = {c.get("type"): c for c in previous.get("conditions") or []}.get("Degraded") or {}
-        new = {c["type"]: c for c in result.status.get("conditions", [])}.get("Degraded") or {}
-        posted = {reason for _, reason, _ in result.events}  # e.g. the swap's own BackendSwapFailed
-        if new.get("status") == "True" and (old.get("status") != "True" or old.get("reason") != new.get("reason")) \
-                and new.get("reason") not in posted:
-            kopf.event(body, type="Warning", reason=new["reason"], message=new.get("message", ""))
-
-
-def degraded(status: dict) -> bool:
-    """The status says Degraded=True: a restarted operator reads the runtimes at once, since
-    what they last reported (L3 unavailable) is known only from them."""
-    return any(c.get("type") == "Degraded" and c.get("status") == "True" for c in status.get("conditions") or [])
-
-
-def spec_replicas(raw: dict) -> int | None:
-    """spec.replicas as written (the CRD defaults it to 1), READY's denominator even when the
-    rest of the spec is invalid."""
-    value = (raw.get("spec") or {}).get("replicas", 1)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+        self.track_swap(key, result.status)
+        metrics.record_swap_progress(*key, result.status.get("swapProgress"))
+        if result.requeue_after is not None and result.requeue_after < SWAP_POLL:  # the swap poll covers the rest
+            self.queue.add_after(key, Request("swap", urgent=True), result.requeue_after)
+        (self.l3_unavailable.add if result.l3_unavailable else self.l3_unavailable.discard)(key)  # see swap_poll

@@ -11,19 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING
-
 import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from hicache_operator.plan import status as status_
 from hicache_operator.api.conditions import now
-from hicache_operator.io.kube import ChildRefused
-
-if TYPE_CHECKING:
-    from hicache_operator.control.controller import Controller
-    from hicache_operator.control.informers import Key
+from hicache_operator.control.informers import Key
+from hicache_operator.control.informers.bodies import BodyCache
+from hicache_operator.io.kube import ChildRefused, Kube
 
 FAILED_REASON = "ReconcileFailed"
 # Errors from the API server or the way to it: the message says all, a traceback would not help.
@@ -47,15 +43,18 @@ def failure_message(exc: BaseException, limit: int = 600) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def report_failure(ctl: Controller, key: Key, exc: Exception, delay: float) -> None:
+def report_failure(kube: Kube, bodies: BodyCache, failing: dict[Key, int], key: Key, exc: Exception,
+                   delay: float) -> None:
     """A reconcile raised: Degraded and Progressing in the status and a Warning Event, when that
     is news; the log says it once with the traceback (a bug) or in one line (an API error), and
-    later repeats in one line. A new generation of the spec is tried at once."""
+    later repeats in one line. ``failing`` (deployment -> the generation whose reconcile last
+    failed) records it before the status write, whose own event then queues nothing; a new
+    generation of the spec is tried at once."""
     message = failure_message(exc)
-    raw = ctl.informers.bodies.get(key)
+    raw = bodies.get(key)
     if raw is None:
         try:
-            raw = ctl.kube.get_deployment(*key)
+            raw = kube.get_deployment(*key)
         except Exception as read_exc:  # the API server may be what failed
             log.warning("reconcile of %s/%s failed (%s); retrying in %.0fs; status not updated: %s",
                         *key, message, delay, failure_message(read_exc))
@@ -64,7 +63,7 @@ def report_failure(ctl: Controller, key: Key, exc: Exception, delay: float) -> N
             return
     previous = raw.get("status") or {}
     generation = int(raw["metadata"].get("generation") or 0)
-    ctl.failing[key] = generation
+    failing[key] = generation
     old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Degraded"), {})
     news = (old.get("reason"), old.get("message")) != (FAILED_REASON, message)
     if news and not isinstance(exc, TRANSIENT):
@@ -75,14 +74,14 @@ def report_failure(ctl: Controller, key: Key, exc: Exception, delay: float) -> N
     if not news:
         return
     try:
-        ctl.informers.bodies.offer(key, ctl.kube.replace_deployment_status(
+        bodies.offer(key, kube.replace_deployment_status(
             *key, status_.failed(previous, generation, (FAILED_REASON, message), now())))
     except Exception as write_exc:
         log.warning("%s/%s: writing the failure to the status failed: %s", *key, failure_message(write_exc))
     kopf.event(raw, type="Warning", reason=FAILED_REASON, message=message)
 
 
-def report_refused(ctl: Controller, key: Key, raw: dict, refused: ChildRefused) -> None:
+def report_refused(kube: Kube, bodies: BodyCache, key: Key, raw: dict, refused: ChildRefused) -> None:
     """ConfigValid=False with the API server's message, and a Warning Event when that is news;
     the rest of the status stands. The periodic resync tries again (an unchanged spec fails the
     same way, quietly); a spec edit is reconciled at once."""
@@ -91,7 +90,7 @@ def report_refused(ctl: Controller, key: Key, raw: dict, refused: ChildRefused) 
     old = next((c for c in previous.get("conditions") or [] if c.get("type") == "ConfigValid"), {})
     status = status_.refused(previous, generation, str(refused), now())
     if status != previous:
-        ctl.informers.bodies.offer(key, ctl.kube.replace_deployment_status(*key, status))
+        bodies.offer(key, kube.replace_deployment_status(*key, status))
     if (old.get("reason"), old.get("message")) != (status_.REFUSED_REASON, str(refused)):
         log.warning("%s/%s: %s", *key, refused)
         kopf.event(raw, type="Warning", reason=status_.REFUSED_REASON, message=str(refused))

@@ -1,8 +1,8 @@
 """Validation and normalisation of a HiCacheDeployment spec.
 
-``validate`` is the one entry point the handlers (and tests) use: it parses the spec, collects
-every error (never stops at the first), applies the normalisations SGLang would otherwise do
-silently at boot, and sizes the host pool. Each finding names its rule (see ``rules``) so the
+``validate`` parses the spec, collects every error (never stops at the first), applies the
+normalisations SGLang would otherwise do silently at boot, and sizes the host pool; once the
+pod is rendered, ``check_rendered`` reads what spec.podTemplate may not change from it. Each finding names its rule (see ``rules``) so the
 handler can put it in ``status.effectiveConfig`` and a Warning Event.
 """
 
@@ -176,13 +176,10 @@ def check_page_size(spec: HiCacheDeploymentSpec, eligible: list[sizing.NodeInfo]
     return []
 
 
-def check_overlay(spec: HiCacheDeploymentSpec, sized: SizingRecord | None, name: str | None) -> list[Finding]:
-    """spec.podTemplate against the pod the operator renders (what it may not change is read from it)."""
-    if spec.hicache.host_pool.from_node_memory is not None and sized is None:
-        return []  # the pod cannot be rendered without nodes; the plan says so
-    base = render.operator_template(spec, sized, render.Owner(name or "<name>", "", ""))
+def check_rendered(spec: HiCacheDeploymentSpec, rendered: render.Rendered) -> list[Finding]:
+    """spec.podTemplate against the pod the operator rendered (what it may not change is read from it)."""
     return [finding("pod-template-conflict", path=path, why=why)
-            for path, why in overlay.conflicts(base, spec.pod_template.dump(), render.CONTAINER)]
+            for path, why in overlay.conflicts(rendered.base_template, spec.pod_template.dump(), render.CONTAINER)]
 
 
 def _env_source(item: dict[str, Any]) -> str:
@@ -602,6 +599,4 @@ def validate(raw_spec: dict[str, Any], *, name: str | None = None, namespace: st
     findings += check_page_size(effective, None if nodes is None else sizing.eligible_nodes(effective, nodes)[0])
     findings += check_pod_fields(effective, outcome.sizing, compare_memory=not memory)
     findings += check_env(effective, name)
-    if not outcome.errors:  # the pod renders: what podTemplate would change in it
-        findings += check_overlay(effective, outcome.sizing, name)
     return outcome

@@ -4,18 +4,20 @@ The package has one seam. The modules here decide and do no I/O: they turn obser
 (pods, endpoints, runtime reads) and the persisted state into the next actions. Everything that
 talks to the API server or to a runtime lives in ``act/`` and decides nothing.
 
-Decide (pure): ``storage_config`` (the target and what runtimes report), ``observation``
-(one pod seen once), ``state`` (``status.backendSwap``), ``actions``, ``planner`` (``plan_step``:
-one pass), ``passes`` (a step of several passes, through injected ``execute``/``reobserve``),
-``gate`` (serving membership: the label's key, reading and patch body), ``routing`` (router
-membership, read off the routers' worker lists), ``due`` (is a step due?), ``endpoint_lag``
-(when a Service needs a touch). Restarts of pods on an older pod
-template are the planner's too: drained like a swap, then deleted.
+Decide (pure): ``observation`` (one pod seen once), ``state`` (``status.backendSwap``),
+``actions``, ``planner`` (``plan_step``: one pass; the moves of one pod's record in
+``transitions``), ``passes`` (a step of several passes, through injected
+``execute``/``reobserve``), ``routing`` (router membership, read off the routers' worker
+lists), ``due`` (is a step due?), ``endpoint_lag`` (when a Service needs a touch). The target
+and what runtimes report (``fleet.storage_config``) and the serving gate (``fleet.gate``) are
+the fleet's vocabulary, one layer down. Restarts of pods on an older pod template are the
+planner's too: drained like a swap, then deleted.
 
-Act (I/O, ``act/``): ``executor.Swapper`` (observe, run the passes, send their actions),
+Act (I/O, ``act/``): ``executor.Swapper`` (what outlives a step; ``step.StepRun``: one step's
+observe, passes and actions), ``pod_writes`` (gate patches, pod deletions),
 ``runtime_client`` (one pod's admin API), ``router_client`` (one router pod's worker API),
-``views`` (reads and which to reuse), ``drains``
-(background reads of drained pods), ``endpoint_touch`` (touching a lagging Service).
+``views`` (reads and which to reuse), ``drains`` (background reads of drained pods),
+``endpoint_touch`` (touching a lagging Service).
 
 See README.md for the state machine.
 """

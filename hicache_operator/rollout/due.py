@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from hicache_operator.plan import render
-from hicache_operator.fleet.pods import pod_is_terminating, pod_serves, restart_hash_of
-from hicache_operator.api.spec import HiCacheDeploymentSpec
-
 from hicache_operator.fleet.gate import serving_gate
-from hicache_operator.fleet.storage_config import storage_fingerprint
+from hicache_operator.fleet.pods import pod_is_terminating, pod_serves, restart_hash_of
 
 
 def pending(status: dict | None) -> bool:
@@ -19,11 +15,12 @@ def pending(status: dict | None) -> bool:
     return swap.get("phase") == "InProgress" or bool(swap.get("pods"))
 
 
-def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict], restart_hash: str | None = None,
+def needed(status: dict | None, target_fp: str, router_on: bool, pods: list[dict], restart_hash: str | None = None,
            routes: Mapping[str, tuple[int, int | None]] | None = None) -> bool:
-    """Whether a step could do anything: a swap pending, a target the last step did not plan
-    for, a live pod not (or no longer) in serving, one to restart (``restart_hash``: the
-    template's, once the StatefulSet carries it), or with the router on, a pod whose router
+    """Whether a step could do anything: a swap pending, a target (``target_fp``: the storage
+    config's fingerprint) the last step did not plan for, a live pod not (or no longer) in
+    serving, one to restart (``restart_hash``: the template's, once the StatefulSet carries
+    it), or with the router on (``router_on``), a pod whose router
     membership (``routes``: pod IP -> ``routing.membership`` as the last step read it, None
     before the first) may not follow its serving. Otherwise the fleet is settled and the
     observation (a GET per pod) is skipped; the periodic resync still steps regardless, so
@@ -31,13 +28,13 @@ def needed(status: dict | None, spec: HiCacheDeploymentSpec, pods: list[dict], r
     swap_state = (status or {}).get("backendSwap")
     if not swap_state or pending(status):
         return True
-    if swap_state.get("target") != storage_fingerprint(render.storage_config(spec)):
+    if swap_state.get("target") != target_fp:
         return True
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
     if any(serving_gate(p) is not True or restart_hash is not None and restart_hash_of(p) != restart_hash
            for p in live):
         return True
-    return spec.router_on and not follows(pods, routes)
+    return router_on and not follows(pods, routes)
 
 
 def follows(pods: list[dict], routes: Mapping[str, tuple[int, int | None]] | None) -> bool:

@@ -180,7 +180,7 @@ class Informers:
         Service's name until one is seen)."""
         for service, _readiness in list(self.slices.get(key, [])):
             return service
-        return render.names(key[1])["service"]
+        return render.names(key[1]).service
 
     def still_out(self, key: Key, pod: dict) -> bool:
         """Whether the watches show the pod (same uid and IP, not being deleted) out of serving,

@@ -13,11 +13,17 @@ clients reach it only through its gate (``hicache_operator/router_gate.py``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import httpx
 
 from hicache_operator.api.flags import ROUTER_API_PORT
+from hicache_operator.fleet.pods import pod_is_ready
+
+from ..routing import RouterRead
+
+log = logging.getLogger("hicache_operator.rollout")
 
 TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 POLL_SECONDS = 0.02
@@ -91,3 +97,31 @@ class RouterClient:
             if time.monotonic() > deadline:
                 raise RouterError(f"router {self.base}: {what}: not done after the router queued it")
             await asyncio.sleep(POLL_SECONDS)
+
+
+async def read_routers(http: httpx.AsyncClient, routers: list[dict], api_key: str | None) -> list[RouterRead]:
+    """Each router pod's worker list (None where it could not be read)."""
+    async def one(pod: dict) -> RouterRead:
+        try:
+            listed: frozenset[str] | None = await RouterClient(pod["status"]["podIP"], http, api_key).listed()
+        except Exception as exc:  # noqa: BLE001: an unreadable router is an observation
+            log.info("router pod %s: %s", pod["metadata"]["name"], exc)
+            listed = None
+        return RouterRead(pod["metadata"]["name"], listed, pod_is_ready(pod))
+    return list(await asyncio.gather(*(one(p) for p in routers)))
+
+
+async def route(http: httpx.AsyncClient, routers: list[dict], url: str, routed: bool, api_key: str | None) -> None:
+    """Add the worker to (or remove it from) every router pod; a router pod that is not Ready and
+    cannot be reached is left alone (starting or gone, it has only what its discovery finds)."""
+    async def one(pod: dict) -> None:
+        rc = RouterClient(pod["status"]["podIP"], http, api_key)
+        try:
+            await (rc.add(url) if routed else rc.remove(url))
+        except Exception:
+            if pod_is_ready(pod):
+                raise
+    results = await asyncio.gather(*(one(p) for p in routers), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        raise failed[0]

@@ -77,3 +77,50 @@ class RecordingKube:
         assert self.listed is not None, "cached pods are used"
         return self.listed
 
+
+    def replace_deployment_status(self, namespace: str, name: str, status: dict) -> dict:
+        self._note("status")
+        self.written = status
+        return {"metadata": {"namespace": namespace, "name": name, "resourceVersion": "2"}, "status": status}
+
+    def secret_key(self, namespace: str, secret: str, field: str) -> str | None:
+        return "admin-key"
+
+    api = None  # the step below makes no Kubernetes call
+
+
+class StepRecorder:
+    """A swapper whose step records what it was given and returns ``on_step(given)`` (or an empty
+    step): these tests are about when a reconcile steps; the step itself is tested in
+    tests/unit/rollout and against a real API server in tests/e2e."""
+
+    def __init__(self, on_step=None) -> None:
+        from hicache_operator.rollout.act.views import ViewCache
+
+        self.routes: dict = {}
+        self.views = ViewCache()
+        self.given: list = []
+        self.on_step = on_step
+
+    def step(self, api, given):
+        from hicache_operator.rollout.act import StepResult
+
+        self.given.append(given)
+        return self.on_step(given) if self.on_step is not None else StepResult({})
+
+
+def seen(kube_body: dict, nodes: list[dict], pods: list[dict] | None = None, **more):
+    """The pipeline's ``Observation`` of ``kube_body`` (a resync unless ``trigger`` says)."""
+    from hicache_operator.control.context import Observation
+
+    meta = kube_body["metadata"]
+    return Observation((meta.get("namespace", "default"), meta["name"]), kube_body, nodes=nodes, pods=pods, **more)
+
+
+def context(kube, swapper=None, posted: list | None = None, **more):
+    """A pipeline ``Context`` whose Events go to ``posted`` as (type, reason, message)."""
+    from hicache_operator.control.context import Context
+
+    kept = posted if posted is not None else []
+    return Context(kube=kube, swapper=swapper, clock=lambda: "2026-01-01T00:00:00Z",
+                   post=lambda body, *event: kept.append(event), **more)

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from op_helpers import body, gpu_node
+from op_helpers import RecordingKube, StepRecorder, body, context, gpu_node, seen
 
 from hicache_operator.api import labels
-from hicache_operator.control.controller import READ_TRIGGERS, STORAGE_POLL, Controller, degraded
-from hicache_operator.control.pipeline import Result, plan
+from hicache_operator.control.controller import STORAGE_POLL, Controller
+from hicache_operator.control.pipeline import plan, reconcile
+from hicache_operator.control.stepping import READ_TRIGGERS, degraded
 from hicache_operator.rollout.act.runtime_client import RuntimeView
 from hicache_operator.rollout.act.views import CachedView, ViewCache
 from hicache_operator.fleet.gate import LABEL as SERVING
 from hicache_operator.fleet.storage_config import ReportedBackend
-from hicache_operator.plan.status import build_status
 from hicache_operator.control.workqueue import Request, WorkQueue
 
 KEY = ("ns", "demo")
@@ -89,15 +89,15 @@ def test_the_status_a_worker_writes_is_degraded_while_the_last_reads_say_so_and_
                                           labels.STORAGE_HASH: p.desired.storage_hash}},
              "status": {"podIP": "10.0.0.1", "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
                         "containerStatuses": [{"name": "runtime", "started": True, "state": {"running": {}}}]}}]
-    ctl, written = Controller(), []
-    ctl.write_status = lambda key, status: written.append(status) or True
+    ctl, swapper = Controller(), StepRecorder()
 
     def worker_writes(view: RuntimeView) -> dict:
-        ctl.swapper.views.update(KEY, [CachedView("u0", "10.0.0.1", T0, view)])
-        result = Result(build_status(generation=1, previous={}, desired=p.desired, errors=[], pods=pods, degraded=[],
-                                     now="t"), p, pods=pods)
-        assert ctl._persist(KEY, body(spec), result, Request("storage"), {}, post_findings=False)
-        return next(c for c in written[-1]["conditions"] if c["type"] == "Degraded")
+        swapper.views.update(KEY, [CachedView("u0", "10.0.0.1", T0, view)])
+        kube = RecordingKube(p.desired.restart_hash)
+        result = reconcile(context(kube, swapper), seen(body(spec), [gpu_node("n")], pods, trigger="storage", apply=False))
+        assert result.written
+        ctl.follow(KEY, result)
+        return next(c for c in kube.written["conditions"] if c["type"] == "Degraded")
 
     down = worker_writes(L3_DOWN)
     assert (down["status"], down["reason"]) == ("True", "StorageUnavailable") and f"demo-0 ({DOWN})" in down["message"]

@@ -4,7 +4,7 @@ into the status, and when it applies the fleet's StatefulSet or deletes the mast
 from __future__ import annotations
 
 import pytest
-from op_helpers import RecordingKube, body, gpu_node
+from op_helpers import RecordingKube, body, context, gpu_node, seen
 
 from hicache_operator.api import labels
 from hicache_operator.plan import render
@@ -210,7 +210,7 @@ class MasterKube(RecordingKube):
 def test_a_new_fleets_statefulset_waits_for_its_master(sts_exists, master, applied):
     s = spec({"managed": {}})
     kube = MasterKube(plan(body(s), NODES).desired.restart_hash if sts_exists else None)
-    result = reconcile(kube, body(s), NODES, apply=True, now="t", cached_pods=[], master=master)
+    result = reconcile(context(kube), seen(body(s), NODES, [], master=master))
     assert ("apply StatefulSet" in kube.calls) is applied
     assert "apply Deployment" in kube.calls
     assert result.status["mooncakeMaster"]["ready"] is bool(master and master["readyReplicas"])
@@ -218,11 +218,11 @@ def test_a_new_fleets_statefulset_waits_for_its_master(sts_exists, master, appli
 
 def test_a_master_the_spec_no_longer_asks_for_is_deleted():
     kube = MasterKube(None)
-    reconcile(kube, body(spec({"masterAddress": "m:1"})), NODES, apply=True, now="t", cached_pods=[],
-              master={"name": "demo-mooncake", "replicas": 1, "readyReplicas": 1})
+    reconcile(context(kube), seen(body(spec({"masterAddress": "m:1"})), NODES, [],
+                                  master={"name": "demo-mooncake", "replicas": 1, "readyReplicas": 1}))
     assert {"delete Deployment demo-mooncake", "delete Service demo-mooncake"} <= set(kube.calls)
     assert "apply StatefulSet" in kube.calls
     kube = MasterKube(None)
-    reconcile(kube, body(spec({"masterAddress": "m:1"})), NODES, apply=False, now="t", cached_pods=[],
-              master={"name": "demo-mooncake", "replicas": 1, "readyReplicas": 1})
+    reconcile(context(kube), seen(body(spec({"masterAddress": "m:1"})), NODES, [], apply=False,
+                                  master={"name": "demo-mooncake", "replicas": 1, "readyReplicas": 1}))
     assert not [c for c in kube.calls if c.startswith("delete")]  # the cheap path writes nothing

@@ -9,7 +9,6 @@ from hicache_operator.plan.engine import cli as engine_cli
 from hicache_operator.api import flags, labels
 from hicache_operator.plan import overlay, render
 from hicache_operator.control.pipeline import plan
-from hicache_operator.plan.validation import validate
 
 SGLANG = {"engine": "sglang", "image": "lmsysorg/sglang:v0.5.23-cu129", "model": "Qwen/Qwen3-8B"}
 
@@ -19,8 +18,7 @@ def planned(spec: dict):
 
 
 def errors(spec: dict) -> list[tuple[str, str]]:
-    out = validate({"image": "img", **spec}, name="demo", nodes=[gpu_node("n")])
-    return [(f.rule, f.message) for f in out.errors]
+    return [(f.rule, f.message) for f in planned(spec).outcome.errors]
 
 
 def template(p) -> dict:

@@ -7,7 +7,8 @@ from op_helpers import body, gpu_node
 
 from hicache_operator import __main__ as cli
 from hicache_operator.control.informers import nodes as nodecache
-from hicache_operator.control.pipeline import event_reason, finding_events, plan
+from hicache_operator.control.pipeline import plan
+from hicache_operator.control.problems import event_reason, finding_events
 
 DRAM = {"image": "img", "parallelism": {"tp": 8},
         "hicache": {"hostPool": {"fromNodeMemory": {"fraction": 0.5, "reserveGiB": 0}}}}

@@ -1,8 +1,8 @@
-"""The order of ``reconcile``'s writes. Its ``alongside`` work (a swap step, which also restarts
+"""The order of a reconcile's writes (``pipeline.reconcile``). Its swap step (which also restarts
 pods on an older template) runs during the child applies when every pod runs the current
 template, else after them, told the template's restart hash only once the StatefulSet carries
-it; the StatefulSet's apply is left to the caller (to overlap the status write) only when no pod
-is to be restarted.
+it; when no pod is to be restarted the StatefulSet's apply goes out while the status is
+written. Each phase runs once: one render and one status derivation per reconcile.
 
 The Kube here records calls in order (the decision under test is the ordering, a pure matter);
 the same path runs against a real API server in tests/e2e/test_backend_swap.py.
@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import threading
 
-from op_helpers import RecordingKube, body, gpu_node
+from op_helpers import RecordingKube, StepRecorder, body, context, gpu_node, seen
 
 from hicache_operator.api import labels
+from hicache_operator.control import stepping
 from hicache_operator.control.pipeline import plan, reconcile
+from hicache_operator.plan import render
+from hicache_operator.plan import status as status_
+from hicache_operator.rollout import act
 
 SPEC = {"image": "hicache-runtime:0.1.0", "replicas": 2, "maxTotalTokens": 4096,
         "rollout": {"maxUnavailable": 1}}
@@ -31,33 +35,30 @@ def pods_with(restart_hash: str) -> list[dict]:
 def test_the_step_runs_while_children_are_applied_when_no_pod_restarts():
     desired = plan(body(SPEC), NODES).desired
     kube = RecordingKube(desired.restart_hash)
-    seen: list[list[str]] = []
+    at_step: list[list[str]] = []
 
-    def alongside(p, pods, restart_hash):
+    def step(given):
         assert kube.applying.wait(10)
-        seen.append(list(kube.calls))  # what had finished when the step ran
+        at_step.append(list(kube.calls))  # what had finished when the step ran
         kube.release.set()
-        return "stepped"
-    result = reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
-                       cached_pods=pods_with(desired.restart_hash), alongside=alongside)
-    assert result.alongside == "stepped"
-    assert not any(c.startswith("apply") for c in seen[0]), seen  # no apply had completed yet
-    assert "apply StatefulSet" in kube.calls
+        return act.StepResult({"phase": "Complete"})
+    result = reconcile(context(kube, StepRecorder(step)), seen(body(SPEC), NODES, pods_with(desired.restart_hash)))
+    assert result.step is not None and result.status["backendSwap"] == {"phase": "Complete"}
+    assert not any(c.startswith("apply") for c in at_step[0]), at_step  # no apply had completed yet
+    assert "apply StatefulSet" in kube.calls and result.written
 
 
 def test_a_step_that_may_restart_pods_runs_after_the_new_template_is_applied():
     desired = plan(body(SPEC), NODES).desired
     kube = RecordingKube(desired.restart_hash)
     kube.release.set()
-    seen: list[tuple[list[str], str | None]] = []
-
-    def alongside(p, pods, restart_hash):
-        seen.append((list(kube.calls), restart_hash))
-        return "stepped"
-    reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
-              cached_pods=pods_with("an-older-template"), alongside=alongside)
-    calls, restart_hash = seen[0]
+    at_step: list[tuple[list[str], str | None]] = []
+    recorder = StepRecorder(lambda given: at_step.append((list(kube.calls), given.restart_hash)) or act.StepResult({}))
+    reconcile(context(kube, recorder), seen(body(SPEC), NODES, pods_with("an-older-template")))
+    calls, restart_hash = at_step[0]
     assert "apply StatefulSet" in calls and restart_hash == desired.restart_hash
+    assert calls.index("apply StatefulSet") < len(calls) and "status" not in calls  # the status comes last
+    assert kube.calls.index("apply StatefulSet") < kube.calls.index("status")
 
 
 def test_no_step_runs_while_the_statefulset_does_not_carry_the_new_template_yet():
@@ -65,10 +66,9 @@ def test_no_step_runs_while_the_statefulset_does_not_carry_the_new_template_yet(
     template is about to change (its page format may be the old one: the new L3 namespace is not its)."""
     kube = RecordingKube("the-statefulsets-older-template")
     kube.release.set()
-    seen: list[str | None] = []
-    reconcile(kube, body(SPEC), NODES, apply=False, now="2026-01-01T00:00:00Z",
-              cached_pods=pods_with("an-older-template"), alongside=lambda p, pods, h: seen.append(h))
-    assert seen == []
+    recorder = StepRecorder()
+    reconcile(context(kube, recorder), seen(body(SPEC), NODES, pods_with("an-older-template"), apply=False))
+    assert recorder.given == []
 
 
 def test_the_step_is_joined_even_when_an_apply_fails():
@@ -80,38 +80,50 @@ def test_the_step_is_joined_even_when_an_apply_fails():
         raise RuntimeError("API server unavailable")
     kube.apply = failing_apply
 
-    def alongside(p, pods, restart_hash):
+    def step(given):
         threading.Event().wait(0.2)
         finished.set()
+        return act.StepResult({})
     try:
-        reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
-                  cached_pods=pods_with(desired.restart_hash), alongside=alongside)
+        reconcile(context(kube, StepRecorder(step)), seen(body(SPEC), NODES, pods_with(desired.restart_hash)))
     except RuntimeError:
         pass
     else:
         raise AssertionError("the failed apply was swallowed")
     assert finished.is_set()  # never two steps of one deployment at once
+    assert "status" not in kube.calls
 
 
-def test_the_workload_apply_is_left_to_the_caller_only_when_nothing_restarts():
-    desired = plan(body(SPEC), NODES).desired
+def test_the_statefulset_goes_out_while_the_status_is_written_only_when_nothing_restarts():
     kube = RecordingKube(None)
     kube.release.set()
-    result = reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
-                       cached_pods=[], defer_workload=True)
-    assert "apply StatefulSet" not in kube.calls and "apply ConfigMap" in kube.calls and "secret" in kube.calls
-    assert result.status["observedGeneration"] == 1
-    result.workload()  # the StatefulSet, then the wait for the Services and the PDB
+    plain_apply = kube.apply
+
+    def apply(obj):
+        if obj["kind"] == "StatefulSet":  # returns only once the status write has gone out beside it
+            for _ in range(200):
+                if "status" in kube.calls:
+                    break
+                threading.Event().wait(0.01)
+        return plain_apply(obj)
+    kube.apply = apply
+    result = reconcile(context(kube), seen(body(SPEC), NODES, []))
+    assert result.written and result.status["observedGeneration"] == 1
+    assert kube.calls.index("status") < kube.calls.index("apply StatefulSet")
     assert sorted(c for c in kube.calls if c.startswith("apply")) == [
         "apply ConfigMap", "apply Deployment", "apply PodDisruptionBudget", "apply Role", "apply RoleBinding",
         "apply Service", "apply Service", "apply Service", "apply ServiceAccount", "apply StatefulSet"]
 
+    desired = plan(body(SPEC), NODES).desired
     stale = RecordingKube(desired.restart_hash, pods=pods_with("an-older-template"))
     stale.release.set()
-    result = reconcile(stale, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
-                       cached_pods=pods_with("an-older-template"), defer_workload=True)
-    assert result.workload is None  # a step that restarts pods reads the live template: applied first
-    assert "apply StatefulSet" in stale.calls
+    reconcile(context(stale), seen(body(SPEC), NODES, pods_with("an-older-template")))
+    assert stale.calls.index("apply StatefulSet") < stale.calls.index("status")  # a restart reads the live template
+
+    after_failure = RecordingKube(None)
+    after_failure.release.set()
+    reconcile(context(after_failure), seen(body(SPEC), NODES, [], failing=True))
+    assert after_failure.calls.index("apply StatefulSet") < after_failure.calls.index("status")
 
 
 def test_the_statefulset_waits_for_what_its_pods_read_but_not_for_the_services():
@@ -125,10 +137,8 @@ def test_the_statefulset_waits_for_what_its_pods_read_but_not_for_the_services()
         kube.release.set()
         return plain_apply(obj)
     kube.apply = apply
-    result = reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z",
-                       cached_pods=[], defer_workload=True)
-    finished = threading.Thread(target=result.workload)
-    finished.start()
+    reconciling = threading.Thread(target=reconcile, args=(context(kube), seen(body(SPEC), NODES, [])))
+    reconciling.start()
     for _ in range(100):
         if "apply StatefulSet" in kube.calls:
             break
@@ -136,9 +146,9 @@ def test_the_statefulset_waits_for_what_its_pods_read_but_not_for_the_services()
     assert kube.calls.index("apply ConfigMap") < kube.calls.index("apply StatefulSet")
     assert kube.calls.index("secret") < kube.calls.index("apply StatefulSet")
     assert "apply Service" not in kube.calls
-    assert finished.is_alive()  # the reconcile is not over while a Service is being created
+    assert reconciling.is_alive()  # the reconcile is not over while a Service is being created
     slow.set()
-    finished.join(10)
+    reconciling.join(10)
     assert kube.calls.count("apply Service") == 3
 
 
@@ -155,8 +165,51 @@ def test_the_routers_account_and_rbac_are_applied_before_anything_starts_pods():
         kube.release.set()
         return plain_apply(obj)
     kube.apply = apply
-    reconcile(kube, body(SPEC), NODES, apply=True, now="2026-01-01T00:00:00Z", cached_pods=[])
+    reconcile(context(kube), seen(body(SPEC), NODES, []))
     assert len(started) == 2
     for before in started:
         assert {"apply ServiceAccount", "apply Role", "apply RoleBinding"} <= set(before.split(",")), before
 
+
+def test_one_reconcile_renders_the_pod_template_once_and_derives_the_status_once(monkeypatch):
+    """Whatever it learns late (spec.replicas of an invalid spec, its swap step, the runtimes'
+    L3 reads), a reconcile renders once and derives the status once, from one observation."""
+    derived, renders, templates = [], [], []
+    plain_derive, plain_render, plain_template = status_.derive, render.render, render.statefulset.operator_template
+    monkeypatch.setattr(status_, "derive", lambda o: derived.append(o) or plain_derive(o))
+    monkeypatch.setattr(render, "render", lambda *a, **k: renders.append(a) or plain_render(*a, **k))
+    monkeypatch.setattr(render.statefulset, "operator_template",
+                        lambda *a, **k: templates.append(a) or plain_template(*a, **k))
+    desired = plan(body(SPEC), NODES).desired
+    for pods, apply in ((pods_with(desired.restart_hash), True), (pods_with("an-older-template"), True),
+                        ([], False)):
+        kube = RecordingKube(desired.restart_hash)
+        kube.release.set()
+        for calls in (derived, renders, templates):
+            calls.clear()
+        recorder = StepRecorder()
+        result = reconcile(context(kube, recorder), seen(body(SPEC), NODES, pods, apply=apply))
+        assert len(derived) == 1 and result.status.observed is derived[0]
+        assert len(renders) == 1 and len(templates) == 1
+        assert len(recorder.given) == (1 if pods else 0)  # the step ran in this reconcile
+    for calls in (derived, renders):
+        calls.clear()
+    invalid = {**SPEC, "replicas": -1}
+    result = reconcile(context(RecordingKube(None), StepRecorder()), seen(body(invalid), NODES, []))
+    assert len(derived) == 1 and renders == []
+    assert next(c for c in result.status["conditions"] if c["type"] == "ConfigValid")["status"] == "False"
+
+
+def test_a_swap_step_derives_its_storage_target_from_the_spec_once(monkeypatch):
+    calls = []
+    plain = render.storage_config
+    monkeypatch.setattr(render, "storage_config", lambda spec: calls.append(spec) or plain(spec))
+    p = plan(body({**SPEC, "hicache": {"storage": {"backend": "file"}}}), NODES)
+    kube = RecordingKube(p.desired.restart_hash)
+    recorder = StepRecorder()
+    calls.clear()
+    stepping.swap_step(context(kube, recorder), seen(body(SPEC), NODES, []), p.outcome.spec, p.desired.storage_hash,
+                       pods_with(p.desired.restart_hash), p.desired.restart_hash)
+    assert len(calls) == 1
+    given = recorder.given[0]
+    assert given.target == plain(p.outcome.spec) and given.target_fp == p.desired.storage_hash

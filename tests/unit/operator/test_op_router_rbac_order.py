@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from op_helpers import RecordingKube, body, gpu_node
+from op_helpers import RecordingKube, body, context, gpu_node, seen
 from kubernetes.client.exceptions import ApiException
 
 from hicache_operator.control.pipeline import reconcile
@@ -40,17 +40,14 @@ class RbacKube(RecordingKube):
 
 def test_a_new_fleet_with_a_router_applies_its_role_before_the_rolebinding():
     kube = RbacKube()
-    result = reconcile(kube, body(SPEC), [gpu_node("gpu-0")], apply=True, now="2026-01-01T00:00:00Z",
-                       cached_pods=[])
+    result = reconcile(context(kube), seen(body(SPEC), [gpu_node("gpu-0")], []))
     assert kube.calls.index("apply Role") < kube.calls.index("apply RoleBinding")
     assert {"apply ServiceAccount", "apply Deployment", "apply StatefulSet"} <= set(kube.calls)
     assert result.status["observedGeneration"] == 1
 
 
-def test_the_routers_rbac_still_precedes_the_workloads_with_the_workload_deferred():
+def test_the_routers_rbac_still_precedes_the_workloads_with_the_status_written_beside_them():
     kube = RbacKube()
-    result = reconcile(kube, body(SPEC), [gpu_node("gpu-0")], apply=True, now="2026-01-01T00:00:00Z",
-                       cached_pods=[], defer_workload=True)
-    result.workload()
+    reconcile(context(kube), seen(body(SPEC), [gpu_node("gpu-0")], []))
     for workload in ("apply Deployment", "apply StatefulSet"):
         assert kube.calls.index("apply RoleBinding") < kube.calls.index(workload)

@@ -43,6 +43,6 @@ def test_invalid_sample_fails_with_its_documented_message(path):
     text = path.read_text()
     expected = re.search(r"^# expected-error: (.+)$", text, re.M).group(1)
     doc = yaml.safe_load(text)
-    out = validate(doc["spec"], name=doc["metadata"]["name"], nodes=sample_nodes())
+    out = plan({**doc, "metadata": {**doc["metadata"], "uid": "u", "namespace": "d"}}, sample_nodes()).outcome
     assert not out.ok
     assert [(f.rule, f.message) for f in out.errors] == [(path.stem, expected)]

@@ -126,6 +126,6 @@ def test_the_swap_poll_skips_a_deployment_stepped_within_the_interval():
 
 def test_a_swap_step_in_progress_hears_the_slices_before_its_status_starts_the_swap():
     ctl = Controller()
-    ctl.stepping.add(KEY)  # the first step of a rollout, its status not yet written
+    ctl.swapper.stepping.add(KEY)  # the first step of a rollout, its status not yet written
     ctl.slice_event(KEY, "fleet-abc", {"10.0.0.1": False})
     assert [(r.trigger, r.urgent) for _, r in queued(ctl)] == [("endpointslice", True)]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from hicache_operator.rollout.act.drains import Drains
-from hicache_operator.rollout.act.executor import Swapper, busy_drains
+from hicache_operator.rollout.act.executor import Swapper
+from hicache_operator.rollout.act.step import busy_drains
 from hicache_operator.rollout.act.runtime_client import RuntimeView
 from hicache_operator.rollout.act.views import CachedView, ViewCache
 from hicache_operator.fleet.storage_config import ReportedBackend

@@ -24,17 +24,21 @@ def status(s, phase="Complete", pods=None):
                             "pods": pods or {}}}
 
 
+def needed(st, s, pods):
+    return due.needed(st, storage_fingerprint(render.storage_config(s)), s.router_on, pods)
+
+
 def test_settled_fleet_needs_no_step():
     s = spec()
-    assert not due.needed(status(s), s, [pod("True"), pod("True")])
-    assert not due.needed(status(s), s, [pod("True"), pod(None, deleting=True)])
+    assert not needed(status(s), s, [pod("True"), pod("True")])
+    assert not needed(status(s), s, [pod("True"), pod(None, deleting=True)])
 
 
 def test_anything_unsettled_needs_a_step():
     s = spec()
-    assert due.needed({}, s, [pod("True")])                                   # never stepped
-    assert due.needed(status(s), s, [pod(None)])                              # a new pod to admit
-    assert due.needed(status(s), s, [pod("False")])                           # out of serving
-    assert due.needed(status(s, phase="InProgress"), s, [pod("True")])        # a swap running
-    assert due.needed(status(s, pods={"p": {}}), s, [pod("True")])            # a record left
-    assert due.needed(status(s), spec("file"), [pod("True")])                 # a new target
+    assert needed({}, s, [pod("True")])                                   # never stepped
+    assert needed(status(s), s, [pod(None)])                              # a new pod to admit
+    assert needed(status(s), s, [pod("False")])                           # out of serving
+    assert needed(status(s, phase="InProgress"), s, [pod("True")])        # a swap running
+    assert needed(status(s, pods={"p": {}}), s, [pod("True")])            # a record left
+    assert needed(status(s), spec("file"), [pod("True")])                 # a new target
