@@ -22,7 +22,8 @@ from typing import Any
 from hicache_operator.api import flags
 from hicache_operator.plan.model import download as model_download
 from hicache_operator.api.rules import rule
-from hicache_operator.api.spec import HiCacheDeploymentSpec, HuggingFaceSource
+from hicache_operator.api.spec import HiCacheDeploymentSpec
+from hicache_operator.api.spec_model import HuggingFaceSource
 
 MODEL_VOLUME = "model"
 MODEL_DIR = "/hicache/model"

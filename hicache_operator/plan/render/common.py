@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache_operator.api import labels
-from hicache_operator.api.spec import GROUP, KIND, VERSION, Rdma, Resources
+from hicache_operator.api.spec import GROUP, KIND, VERSION
+from hicache_operator.api.spec_fields import Resources
+from hicache_operator.api.spec_hicache import Rdma
 
 RUN_AS = 1000
 

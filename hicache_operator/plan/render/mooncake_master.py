@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from hicache_operator.api import labels
-from hicache_operator.api.spec import HiCacheDeploymentSpec, ManagedMaster
+from hicache_operator.api.spec import HiCacheDeploymentSpec
+from hicache_operator.api.spec_hicache import ManagedMaster
 from hicache_operator.fleet.names import names
 from hicache_operator.plan.render.common import Owner, container_security, field_env, pod_security, resources_of, stamp
 
