@@ -11,6 +11,7 @@ from __future__ import annotations
 from concurrent.futures import Future, wait
 from typing import Any, Callable
 
+from hicache_operator.fleet.names import names
 from hicache_operator.io.kube import Kube
 from hicache_operator.plan import render
 
@@ -83,6 +84,6 @@ def remove_router(kube: Kube, owner: render.Owner) -> bool:
 
 def remove_master(kube: Kube, owner: render.Owner) -> None:
     """Delete the managed Mooncake master's Deployment and Service."""
-    n = render.names(owner.name).mooncake_master
+    n = names(owner.name).mooncake_master
     kube.concurrently(lambda: kube.delete("Deployment", owner.namespace, n),
                       lambda: kube.delete("Service", owner.namespace, n))

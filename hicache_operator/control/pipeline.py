@@ -36,6 +36,7 @@ from hicache_operator.control import children, problems
 from hicache_operator.control.context import Context, Observation
 from hicache_operator.control.informers import Key
 from hicache_operator.control.stepping import swap_step
+from hicache_operator.fleet.names import names
 from hicache_operator.fleet.pods import pod_is_terminating, restart_hash_of
 from hicache_operator.io import metrics, model_progress
 from hicache_operator.io.kube import ChildRefused, Kube
@@ -209,7 +210,7 @@ def apply(ctx: Context, run: _Run) -> None:
     live_routers = [r for r in seen.router_pods if not pod_is_terminating(r)]
     if not spec.router_on and (live_routers or seen.previous.get("routerReady") is not None):
         if children.remove_router(ctx.kube, p.owner):
-            run.events.append(("Normal", "RouterRemoved", f"the router is off: removed {render.names(name).router}; "
+            run.events.append(("Normal", "RouterRemoved", f"the router is off: removed {names(name).router}; "
                                f"Service {name} selects the pods in serving"))
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from hicache_operator.api.rules import rule
 from hicache_operator.api.status import MooncakeMasterStatus
+from hicache_operator.fleet.names import names
 from hicache_operator.io.kube import Kube
 from hicache_operator.plan import render, sizing
 from hicache_operator.plan.model import source as model_source
@@ -35,7 +36,7 @@ def master_view(spec: Any, name: str, observed: dict[str, Any] | None) -> Moonca
     if managed is None:
         return None
     ready = int((observed or {}).get("readyReplicas") or 0)
-    return MooncakeMasterStatus(deployment=render.names(name).mooncake_master,
+    return MooncakeMasterStatus(deployment=names(name).mooncake_master,
                                 address=spec.hicache.storage.mooncake.master_address,
                                 replicas=managed.ha.replicas if managed.ha is not None else 1,
                                 ready_replicas=ready, ready=ready > 0)

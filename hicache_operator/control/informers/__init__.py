@@ -18,7 +18,7 @@ import copy
 import threading
 from typing import Any, Mapping
 
-from hicache_operator.plan import render
+from hicache_operator.fleet.names import names
 from hicache_operator.fleet.gate import serving_gate, with_gate
 
 from .bodies import BodyCache
@@ -180,7 +180,7 @@ class Informers:
         Service's name until one is seen)."""
         for service, _readiness in list(self.slices.get(key, [])):
             return service
-        return render.names(key[1]).service
+        return names(key[1]).service
 
     def still_out(self, key: Key, pod: dict) -> bool:
         """Whether the watches show the pod (same uid and IP, not being deleted) out of serving,

@@ -27,7 +27,6 @@ from typing import Any
 from hicache_operator.api import labels
 from hicache_operator.api.spec import HiCacheDeploymentSpec
 from hicache_operator.api.status import SizingRecord
-from hicache_operator.fleet.names import names
 from hicache_operator.plan import overlay
 from hicache_operator.plan.render import statefulset
 from hicache_operator.plan.render.common import Owner, digest
@@ -45,8 +44,8 @@ from hicache_operator.plan.render.statefulset import CONTAINER, operator_volumes
 
 __all__ = ["ADMIN_SECRET_KEY", "CLIENT_KEY_ENV", "CONTAINER", "MASTER_COMPONENT", "SERVING_SERVICE_COMPONENT",
            "Owner", "Rendered", "args", "configmap", "effective_extra_config", "generated_secrets", "host_pool_text",
-           "labels", "managed_master", "mooncake_cluster_id", "mooncake_env", "mooncake_master_address",
-           "mooncake_metadata_url", "names", "operator_env", "operator_volumes", "render", "resources",
+           "managed_master", "mooncake_cluster_id", "mooncake_env", "mooncake_master_address",
+           "mooncake_metadata_url", "operator_env", "operator_volumes", "render", "resources",
            "router_children", "secret_ref", "service", "storage_config", "uses_api_key"]
 
 

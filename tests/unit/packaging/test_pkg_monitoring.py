@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hicache_operator.io import metrics as operator_metrics
-from hicache_operator.plan import render
+from hicache_operator.api import labels as api_labels
 from hicache_operator.control.pipeline import plan
 
 DASHBOARD = CHART / "dashboards" / "hicache.json"
@@ -152,7 +152,7 @@ def test_pod_monitor_scrapes_runtime_and_master_pods(helm):
     for labels, ports in pod_labels_and_ports():
         assert selects(pm["spec"]["selector"], labels), labels
         assert ports & set(endpoints), ports
-        assert labels[render.labels.INSTANCE] == "f"  # what hicache_deployment becomes
+        assert labels[api_labels.INSTANCE] == "f"  # what hicache_deployment becomes
     operator_pod = only(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert not selects(pm["spec"]["selector"], operator_pod)  # the operator has its ServiceMonitor
 
