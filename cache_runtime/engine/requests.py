@@ -76,4 +76,3 @@ class Request:
             "cached_tokens_details": details,
             "e2e_latency": time.monotonic() - self.arrival,
         }
-

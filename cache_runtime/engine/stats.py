@@ -38,7 +38,6 @@ class EngineStats:
     decode_steps: int = 0
     decoded_tokens: int = 0  # since the last report
 
-
     def count_decode(self, decoded: int) -> None:
         """SGLang's gen_throughput: tokens decoded per second, reported every DECODE_LOG_INTERVAL decode steps."""
         if not decoded:

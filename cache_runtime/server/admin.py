@@ -49,8 +49,6 @@ class AdminRoutes(Handlers):
         app.get("/flush_cache")(flush_cache)
         app.post("/flush_cache")(flush_cache)
 
-        @app.put("/hicache/storage-backend")
-
         def answer(result: tuple[bool, str]) -> PlainTextResponse:
             ok, text = result
             return PlainTextResponse(text, status_code=200 if ok else 400)
@@ -101,4 +99,3 @@ def _flush_timeout(raw: str) -> float:
     if not timeout >= 0:
         raise BadRequest(f"timeout must be a number of seconds >= 0, got {raw!r}")
     return timeout
-

@@ -83,4 +83,3 @@ class Handlers:
         if return_logprob:
             meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(out.logprobs, out.output_ids)]
         return meta
-

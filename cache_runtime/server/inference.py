@@ -231,4 +231,3 @@ class InferenceRoutes(Handlers):
         finally:
             if not finished:
                 self.engine.abort(req)
-

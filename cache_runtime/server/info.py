@@ -129,7 +129,6 @@ class InfoRoutes(Handlers):
             "internal_states": [{"num_running_reqs": e.num_running, "num_queue_reqs": e.num_queued}],
         }
 
-    # ------------------------------------------------------------------ admin
 
 def _hf_config(model_path: str) -> dict:
     """The checkpoint's config.json (a builtin's own config), for /model_info's model_type and architectures."""
@@ -141,5 +140,3 @@ def _hf_config(model_path: str) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-

@@ -71,7 +71,6 @@ class TextStream:
         return best
 
 
-
 def final_text(tokenizer: Tokenizer, out: Output, skip_special_tokens: bool) -> str:
     """The whole text of a finished output."""
     return cut_at_stop(tokenizer.decode(shown_ids(out), skip_special_tokens=skip_special_tokens), out)
