@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from cache_runtime.server import run
+    from cache_runtime.server.app import run
 
     try:
         run(args)

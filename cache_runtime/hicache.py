@@ -1,4 +1,5 @@
-"""The hierarchical cache: radix tree + L1/L2 pools + write/eviction/prefetch policies.
+"""The hierarchical cache: radix tree + L1/L2 pools + write/eviction/prefetch policies (the L3
+bookkeeping, which shares the tree's pins, is ``hicache_l3.L3Tier``, a base of ``HiCache``).
 
 Every method here runs on the engine thread, which is the only thread that mutates the tree,
 the reference counts or the allocators. Copies run on the transfer / storage threads and come
@@ -20,25 +21,16 @@ salted tenants share nothing in L1, L2 or L3, and their L3 keys are the ones SGL
 from __future__ import annotations
 
 import heapq
-import logging
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from cache_runtime.hicache_l3 import L3Tier
 from cache_runtime.memory import DevicePool, HostPool
-from cache_runtime.policies import PrefetchConfig, write_through_threshold
+from cache_runtime.policies import write_through_threshold
 from cache_runtime.radix import Namespace, RadixTree, TreeNode
-from cache_runtime.storage.hashing import namespace_seed, page_hashes
-from cache_runtime.storage_io import BackupStorageOp, PrefetchOp, RankedStorage, StorageIoStats, StorageWorker
 from cache_runtime.transfer import BackupOp, LoadOp, TransferWorker
-
-log = logging.getLogger(__name__)
-
-
-def _seed(ns: Namespace) -> str | None:
-    """Prior hash of a namespace's first L3 page."""
-    return None if ns is None else namespace_seed(*ns)
 
 
 @dataclass
@@ -65,7 +57,7 @@ class Prefix:
     pending_loads: list[LoadOp] = field(default_factory=list)
 
 
-class HiCache:
+class HiCache(L3Tier):
     def __init__(self, device: DevicePool, host: HostPool | None, page_size: int, write_policy: str,
                  io_backend: str, wake, enabled: bool = True, tp=None) -> None:
         self.device, self.host = device, host
@@ -74,30 +66,19 @@ class HiCache:
         self.enabled = enabled
         self.tree = RadixTree(page_size)
         self.counters = CacheCounters()
-        self.io = StorageIoStats()  # L2<->L3 latency and bytes, across attaches
         self._wake = wake
-        # tp: cache_runtime.tp.Leader under tensor parallelism: copies are mirrored to the followers,
+        # tp: cache_runtime.engine.tp.Leader under tensor parallelism: copies are mirrored to the followers,
         # and L3 ops wait until the followers ran every copy sent before them
         self.tp = tp
         self.transfer = (TransferWorker(device, host, io_backend, wake, mirror=tp.send if tp else None)
                          if host is not None else None)
         self._transfers_in_flight = 0
-        self.storage: StorageWorker | None = None
-        self.storage_backend_name: str | None = None
-        self.storage_extra_config: dict = {}
-        self.prefetch = PrefetchConfig()
-        self._prefetch_ops: set[PrefetchOp] = set()
-        self._prefetch_tokens_in_flight = 0
-        self._backup_ops: set[BackupStorageOp] = set()
+        self._init_l3()
 
     # ------------------------------------------------------------------ state
     @property
     def root(self) -> TreeNode:
         return self.tree.root
-
-    @property
-    def storage_active(self) -> bool:
-        return self.storage is not None and self.storage.degraded is None
 
     def busy_ops(self) -> int:
         return self._transfers_in_flight + len(self._backup_ops) + len(self._prefetch_ops)
@@ -338,13 +319,7 @@ class HiCache:
         if self.transfer is not None:
             while not self.transfer.completed.empty():
                 self._on_transfer_done(self.transfer.completed.get())
-        if self.storage is not None:
-            while not self.storage.completed.empty():
-                op = self.storage.completed.get()
-                if isinstance(op, BackupStorageOp) and op in self._backup_ops:
-                    self._backup_ops.discard(op)
-                    self.tree.unpin_host(op.pin_node)
-                    self.counters.backuped_tokens += op.written_pages * self.page_size
+        self._poll_storage()
 
     def _on_transfer_done(self, op) -> None:
         self._transfers_in_flight -= 1
@@ -380,154 +355,6 @@ class HiCache:
             except Exception:  # queue.Empty
                 return False
         return True
-
-    # ------------------------------------------------------------------ L3
-    def _hashes(self, node: TreeNode) -> list[str]:
-        """L3 keys of a node's pages, chained from its namespace's seed at the root (computed once per node)."""
-        chain = []
-        n = node
-        while n is not self.root and n.hashes is None:
-            chain.append(n)
-            n = n.parent
-        prior = n.hashes[-1] if n is not self.root else _seed(node.ns)
-        for n in reversed(chain):
-            n.hashes = page_hashes(list(n.key), self.page_size, prior)
-            prior = n.hashes[-1]
-        return node.hashes
-
-    def _backup_to_storage(self, node: TreeNode, host_slots: torch.Tensor) -> None:
-        if self.storage_active:
-            self._submit_storage_backup(self._hashes(node), host_slots, node)
-
-    def _submit_storage_backup(self, hashes: list[str], host_slots: torch.Tensor, pin_node: TreeNode) -> None:
-        op = BackupStorageOp(list(hashes), host_slots, pin_node)
-        op.sync_point = self.tp.sync_point() if self.tp else 0
-        self.tree.pin_host(pin_node)
-        self._backup_ops.add(op)
-        self.storage.submit_backup(op)
-
-    def attach_storage(self, name: str, storage: RankedStorage, prefetch: PrefetchConfig, extra_config: dict) -> None:
-        if self.host is None:
-            raise ValueError("an L3 storage backend needs --enable-hierarchical-cache (L2)")
-        self.prefetch = prefetch
-        self.storage = StorageWorker(storage, self._wake, max(prefetch.threshold, self.page_size),
-                                     wait_for=self.tp.wait_for if self.tp else None, stats=self.io)
-        self.storage_backend_name = name
-        self.storage_extra_config = extra_config
-
-    def detach_storage(self, timeout: float = 5.0) -> None:
-        """Stops L3 traffic and releases every pin it held; never deletes L3 data."""
-        if self.storage is None:
-            return
-        storage = self.storage
-        for op in list(self._prefetch_ops):
-            self.terminate_prefetch(op)
-        for op in list(self._backup_ops):
-            with op.lock:
-                op.cancelled = True
-        if not storage.stop(timeout):
-            log.warning("L3 backend call still running at detach; abandoning its thread")
-        self.poll()
-        for op in list(self._backup_ops):  # never acked: the thread is stuck, its pins are ours to drop
-            self._backup_ops.discard(op)
-            self.tree.unpin_host(op.pin_node)
-        try:
-            storage.ranks.close()
-        except Exception:
-            log.exception("closing the L3 backend failed")
-        self.storage = None
-        self.storage_backend_name = None
-        self.storage_extra_config = {}
-
-    def maybe_prefetch(self, key: list[int], ns: Namespace = None) -> PrefetchOp | None:
-        """Starts fetching the page-aligned part of ``key`` beyond L1+L2 from L3, if worth it."""
-        if not self.enabled or not self.storage_active:
-            return None
-        path, matched = self.peek_match(key, ns)
-        num = self.aligned(len(key) - matched)
-        if num < max(self.prefetch.threshold, self.page_size):
-            return None
-        capacity = self.host.size // 2  # newer SGLang: prefetch may hold at most half of L2
-        if self._prefetch_tokens_in_flight + num > capacity:
-            self.counters.prefetch_skipped += 1
-            return None
-        host = self.alloc_host(num)
-        if host is None:
-            self.counters.prefetch_skipped += 1
-            return None
-        prior = self._hashes(path[-1])[-1] if path else _seed(ns)
-        keys = page_hashes(list(key[matched : matched + num]), self.page_size, prior)
-        op = PrefetchOp(keys, host, list(key[: matched + num]), matched, self.page_size, ns)
-        op.sync_point = self.tp.sync_point() if self.tp else 0
-        if path:  # keep the L2 copy of the prefix the fetched pages will hang under (SGLang pins it too)
-            op.anchor = path[-1]
-            self.tree.pin_host(op.anchor)
-        self._prefetch_ops.add(op)
-        self._prefetch_tokens_in_flight += num
-        self.storage.submit_prefetch(op)
-        return op
-
-    def can_terminate(self, op: PrefetchOp) -> bool:
-        if op.finished or self.storage is None or self.storage.degraded is not None:
-            return True
-        policy = self.prefetch.policy
-        if policy == "best_effort":
-            return True
-        elapsed = time.monotonic() - op.start
-        if policy == "timeout":
-            return elapsed > self.prefetch.timeout_for(op.num_tokens)
-        return elapsed > self.prefetch.timeout_max  # wait_complete, with a cap so a hung L3 cannot stall us
-
-    def terminate_prefetch(self, op: PrefetchOp) -> int:
-        """Stops a prefetch and caches the pages that arrived; returns the tokens added to L2."""
-        if op not in self._prefetch_ops:
-            return 0
-        with op.lock:
-            op.terminated = True
-            done = op.completed_pages
-        self._prefetch_ops.discard(op)
-        self._prefetch_tokens_in_flight -= op.num_tokens
-        ps = self.page_size
-        kept = self._insert_prefetched(op, done * ps) if done else 0
-        if not done:
-            self.host.allocator.free(op.host_slots)
-        if op.anchor is not None:
-            self.tree.unpin_host(op.anchor)
-        self.counters.prefetched_tokens += kept
-        return kept
-
-    def _insert_prefetched(self, op: PrefetchOp, num: int) -> int:
-        """Adds fetched pages as L2 nodes under their (still cached) prefix; frees what is not used."""
-        slots = op.host_slots
-        path = self.tree.match(op.tokens[: op.prefix_len], touch=False, ns=op.ns)
-        if sum(len(n.key) for n in path) < op.prefix_len:  # the prefix left the cache meanwhile
-            self.host.allocator.free(slots)
-            return 0
-        node = path[-1] if path else self.root
-        pos, end, kept = op.prefix_len, op.prefix_len + num, 0
-        used = torch.zeros(slots.numel(), dtype=torch.bool)
-        while pos < end:
-            child = node.children.get(self.tree.page_key(op.tokens, pos, op.ns))
-            if child is None:
-                child = self.tree.add_child(node, tuple(op.tokens[pos:end]), op.ns)
-                child.host_value = slots[pos - op.prefix_len : end - op.prefix_len]
-                child.hashes = op.keys[(pos - op.prefix_len) // self.page_size : num // self.page_size]
-                used[pos - op.prefix_len : end - op.prefix_len] = True
-                kept += end - pos
-                break
-            n = self.tree._common_pages(child.key, op.tokens[:end], pos)
-            if n < len(child.key):
-                child = self.tree.split(child, n)
-            if child.host_value is None and child.on_device:  # L1-only node: the fetched pages become its L2 copy
-                child.host_value = slots[pos - op.prefix_len : pos - op.prefix_len + n]
-                child.backup_op = None
-                used[pos - op.prefix_len : pos - op.prefix_len + n] = True
-                kept += n
-            node, pos = child, pos + n
-        unused = slots[~used]
-        if unused.numel():
-            self.host.allocator.free(unused)
-        return kept
 
     # ------------------------------------------------------------------ flush
     def reset(self) -> None:

@@ -73,6 +73,14 @@ def _pin_ok(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available()
 
 
+def device_pool_tokens(num_tokens: int, page_size: int) -> int:
+    """The slots of an L1 pool asked for ``num_tokens`` (--max-total-tokens): whole pages, at least one."""
+    pages = num_tokens // page_size
+    if pages < 1:
+        raise ValueError(f"--max-total-tokens {num_tokens} is smaller than one page ({page_size})")
+    return pages * page_size
+
+
 class DevicePool:
     """L1: one K and one V tensor per layer, shape (slots, heads, head_dim), as contract K expects.
 
@@ -81,10 +89,8 @@ class DevicePool:
 
     def __init__(self, num_tokens: int, page_size: int, num_layers: int, num_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, mla: bool = False) -> None:
-        pages = num_tokens // page_size
-        if pages < 1:
-            raise ValueError(f"--max-total-tokens {num_tokens} is smaller than one page ({page_size})")
-        self.size = pages * page_size
+        self.size = device_pool_tokens(num_tokens, page_size)
+        pages = self.size // page_size
         self.page_size = page_size
         self.dtype = dtype
         self.device = device

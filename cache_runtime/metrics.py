@@ -84,7 +84,7 @@ class _EngineCollector:
                     0.0 if stale else s.gen_throughput)
         yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate of the last batch of admitted requests.",
                     sched, s.cache_hit_rate)
-        dev = e.device_pool.allocator
+        dev = e.runner.device_pool.allocator
         yield gauge("sglang:token_usage", "The token usage.", sched, dev.used_tokens / dev.total_tokens)
         host = cache.host
         if host is not None:
@@ -141,8 +141,7 @@ class _EngineCollector:
         yield plain_counter("hicache_prefetch_skipped", "L3 prefetches not issued: no room in L2 (in flight or free).",
                             c.prefetch_skipped)
         yield plain_counter("hicache_request_errors", "Requests that failed inside the engine.", s.requests_failed)
-        storage = cache.storage
-        degraded = 1 if (storage is not None and storage.degraded) or e.storage_status_reason else 0
+        degraded = 1 if e.storage_admin.degraded() else 0
         yield plain_gauge("hicache_storage_degraded",
                           "1 when the L3 backend is unreachable and the runtime runs on L1+L2.", degraded)
 

@@ -80,7 +80,7 @@ class TransferWorker:
     def __init__(self, device: DevicePool, host: HostPool, io_backend: str, wake: Callable[[], None],
                  mirror: Callable[[tuple], None] | None = None) -> None:
         self.device, self.host, self.io_backend = device, host, io_backend
-        self._mirror = mirror  # tensor parallelism: the same copy on every follower rank (cache_runtime.tp)
+        self._mirror = mirror  # tensor parallelism: the same copy on every follower rank (cache_runtime.engine.tp)
         self._wake = wake
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()

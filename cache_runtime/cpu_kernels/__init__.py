@@ -27,12 +27,14 @@ import time
 import torch
 import torch.nn.functional as F
 
+from cache_runtime.cpu_kernels import abi
 from cache_runtime.cpu_kernels.build import LIBRARY, sources_digest
 
 log = logging.getLogger(__name__)
 
 # dtype codes of common.h
-_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_CODES = {dtype: abi.dtype_codes()[name] for dtype, name in
+          ((torch.float32, "F32"), (torch.float16, "F16"), (torch.bfloat16, "BF16"))}
 # Rows up to which ``linear`` runs natively, per dtype, until ``calibrate`` measures them on the
 # model's own weights. float32: a decode batch; above it torch's float32 GEMM (MKL) does more
 # multiply-adds per cycle. bf16 and fp16: every batch, prefill chunks included, as on CPUs without
@@ -42,8 +44,6 @@ UNBOUNDED = 1 << 62
 DEFAULT_MAX_ROWS = {torch.float32: 16, torch.float16: UNBOUNDED, torch.bfloat16: UNBOUNDED}
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
 _max_rows = dict(DEFAULT_MAX_ROWS)
-
-_vp, _l, _i, _f = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
 
 def _load() -> ctypes.CDLL | None:
@@ -61,23 +61,7 @@ def _load() -> ctypes.CDLL | None:
         log.warning("%s was built from other sources (python cache_runtime/cpu_kernels/build.py rebuilds it): "
                     "running on torch", path)
         return None
-    lib.hc_variants.restype = ctypes.c_char_p
-    lib.hc_active.restype = ctypes.c_char_p
-    lib.hc_select.argtypes = [ctypes.c_char_p]
-    lib.hc_linear.argtypes = [_vp, _l, _l, _l, _vp, _l, _l, _vp, _vp, _l, _i, _i]
-    lib.hc_linear.restype = None
-    lib.hc_decode_attention.argtypes = [_vp, _l, _l, _l, _l, _vp, _l, _l, _vp, _l, _l, _l, _l, _i, _i, _l, _vp, _vp,
-                                        _vp, _f, _vp, _l, _l, _i]
-    lib.hc_decode_attention.restype = None
-    lib.hc_add_rms_norm.argtypes = [_vp, _vp, _vp, _l, _l, _f, _vp, _i, _i]
-    lib.hc_add_rms_norm.restype = None
-    lib.hc_silu_mul.argtypes = [_vp, _l, _l, _vp, _i, _i]
-    lib.hc_silu_mul.restype = None
-    lib.hc_rope_store.argtypes = [_vp, _l, _l, _l, _vp, _l, _l, _vp, _l, _l, _l, _l, _l, _vp, _vp, _vp, _l, _l, _vp, _l,
-                                  _l, _vp, _i, _i, _i]
-    lib.hc_rope_store.restype = None
-    lib.hc_decode_stack.argtypes = [_vp, _vp, _vp, _l, _vp, _vp, _vp, _vp, _vp, _vp, _i]
-    lib.hc_decode_stack.restype = None
+    abi.bind(lib)  # every signature as api.cpp declares it
     if lib.hc_select(b"") != 0:
         return None  # no AVX2+FMA+F16C: nothing here runs on this CPU
     forced = os.environ.get("HICACHE_CPU_KERNELS_VARIANT", "")
@@ -254,19 +238,10 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
                        torch.get_num_threads())
 
 
-class DecoderLayer(ctypes.Structure):
-    """common.h's DecoderLayer: one layer's tensors (None where the model has none) and KV pools."""
-
-    _fields_ = [(name, _vp) for name in ("ln1", "wqkv", "bqkv", "q_norm", "k_norm", "wo", "bo", "ln2", "w_gate_up",
-                                         "b_gate_up", "w_down", "b_down", "k_pool", "v_pool")]
-
-
-class DecoderShape(ctypes.Structure):
-    """common.h's DecoderShape: what every layer of the stack shares (pool strides in elements)."""
-
-    _fields_ = [*((name, _l) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "kp_slot",
-                                          "kp_head", "vp_slot", "vp_head")),
-                ("eps", _f), ("scale", _f), ("dt", _i), ("kv_dt", _i)]
+DecoderLayer = abi.struct_type(
+    "DecoderLayer", "common.h's DecoderLayer: one layer's tensors (None where the model has none) and KV pools.")
+DecoderShape = abi.struct_type(
+    "DecoderShape", "common.h's DecoderShape: what every layer of the stack shares (pool strides in elements).")
 
 
 def decoder_stack(layers: list[dict], hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, eps: float,

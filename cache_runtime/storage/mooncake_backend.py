@@ -42,7 +42,6 @@ import json
 import logging
 import os
 import re
-import socket
 import threading
 import time
 import urllib.request
@@ -52,14 +51,9 @@ from contextlib import contextmanager
 import torch
 
 from cache_runtime.storage import page_trailer
-from cache_runtime.storage.base import (
-    HiCacheStorage,
-    HiCacheStorageConfig,
-    StorageUnavailable,
-    as_byte_view,
-    check_same_length,
-    values_from,
-)
+from cache_runtime.storage.base import (HiCacheStorage, HiCacheStorageConfig, StorageUnavailable, as_byte_view,
+                                        check_same_length, values_from)
+from cache_runtime.storage.endpoints import any_open, wait_for_port
 from cache_runtime.storage.mooncake_config import load_mooncake_config
 
 log = logging.getLogger(__name__)
@@ -68,30 +62,6 @@ RPC_FAIL = -900  # mooncake ErrorCode::RPC_FAIL: the master did not answer
 OBJECT_NOT_FOUND = -704  # mooncake ErrorCode::OBJECT_NOT_FOUND
 _WARMUP_BYTES = 4096
 _PROBE_KEY = "hicache_probe"
-
-
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def any_open(endpoints: list[tuple[str, int]], timeout: float = 0.5) -> bool:
-    return any(port_open(host, port, timeout=timeout) for host, port in endpoints)
-
-
-def wait_for_port(endpoints: list[tuple[str, int]], deadline_s: float) -> bool:
-    """Whether one of ``endpoints`` (the master, or the etcd members it is found through) accepts
-    a connection within ``deadline_s``."""
-    end = time.monotonic() + deadline_s
-    while True:
-        if any_open(endpoints, timeout=min(0.5, max(0.05, end - time.monotonic()))):
-            return True
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.1)
 
 
 def key_prefix(extra_backend_tag, model_name: str | None) -> str | None:

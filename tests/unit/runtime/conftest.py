@@ -10,7 +10,8 @@ import pytest
 
 from cache_runtime.args import ServerArgs, normalise
 from cache_runtime.sampling import SamplingParams
-from cache_runtime.scheduler import Engine, Output, Request
+from cache_runtime.engine.loop import Engine
+from cache_runtime.engine.requests import Output, Request
 from testbed.checkpoints import build_oracle_checkpoint
 
 

@@ -17,7 +17,7 @@ from cache_runtime.memory import DevicePool, HostPool
 from cache_runtime.policies import PrefetchConfig
 from cache_runtime.protocol import BadRequest, CompletionIn, GenerateIn, validate
 from cache_runtime.radix import namespace
-from cache_runtime.server import Server
+from cache_runtime.server.app import Server
 from cache_runtime.storage import HiCacheStorageConfig, create_storage_backend
 from cache_runtime.storage.hashing import namespace_seed, page_hashes
 from cache_runtime.storage_io import RankedStorage

@@ -11,7 +11,7 @@ from testbed.checkpoints import ORACLE_KINDS
 
 
 def _allocated_bytes_per_token(engine) -> list[float]:
-    return [h.kv_buffer.numel() * h.kv_buffer.element_size() / h.size for h in engine.rank_hosts]
+    return [h.kv_buffer.numel() * h.kv_buffer.element_size() / h.size for h in engine.runner.host_pools]
 
 
 @pytest.mark.parametrize("kind,tp,dtype", [(k, 1, "float32") for k in ORACLE_KINDS]

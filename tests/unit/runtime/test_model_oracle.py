@@ -9,11 +9,11 @@ import queue
 import pytest
 import torch
 
+from cache_runtime.engine.requests import Request
 from cache_runtime.memory import DevicePool
 from cache_runtime.models import load_model
 from cache_runtime.models.layers import ForwardBatch, SeqSpan
 from cache_runtime.sampling import SamplingParams
-from cache_runtime.scheduler import Request
 from testbed.checkpoints import ORACLE_KINDS
 from tests.unit.runtime.conftest import generate
 
@@ -88,7 +88,7 @@ def test_greedy_continuations_equal_transformers_alone_and_batched(oracles, engi
     path, ref = oracles(kind)
     engine = engines(model_path=str(path), dtype="float32", page_size=4, max_total_tokens=4096,
                      enable_hierarchical_cache=True)
-    vocab = engine.model_cfg.vocab_size
+    vocab = engine.runner.cfg.vocab_size
     prompts = [_prompt(10 + i, n, vocab) for i, n in enumerate((5, 37, 18, 64))]
     want = [_reference_greedy(ref, p, 32) for p in prompts]
     alone = generate(engine, prompts[1], n=32, ignore_eos=True)

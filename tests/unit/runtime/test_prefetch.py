@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from cache_runtime.engine.requests import Request
 from cache_runtime.policies import PrefetchConfig
 from cache_runtime.storage_io import RankedStorage
 from cache_runtime.sampling import SamplingParams
-from cache_runtime.scheduler import Request
 from cache_runtime.storage.base import HiCacheStorageConfig, StorageUnavailable
 from cache_runtime.storage.file_backend import HiCacheFile
 from tests.unit.runtime.conftest import accounting_ok as _accounting_ok, generate, on_engine, prompt, settle
@@ -75,7 +75,7 @@ def _seeded_engine(engines, tmp_path, policy, ids):
 def _swap_backend(engine, backend, policy):
     def swap():
         engine.cache.detach_storage()
-        engine.cache.attach_storage("file", RankedStorage([backend], engine.rank_hosts), PrefetchConfig(policy=policy, threshold=8, timeout_base=0.05,
+        engine.cache.attach_storage("file", RankedStorage([backend], engine.runner.host_pools), PrefetchConfig(policy=policy, threshold=8, timeout_base=0.05,
                                                                      timeout_per_ki_token=0.0), {})
     on_engine(engine, swap)
 
@@ -138,5 +138,5 @@ def test_unreachable_l3_at_boot_is_reported_not_fatal(engines, tmp_path):
     blocker.write_text("x")
     engine = engines(enable_hierarchical_cache=True, hicache_storage_backend="file",
                      extra_config={"file_storage_path": str(blocker / "sub")})
-    assert engine.cache.storage is None and "StorageUnavailable" in engine.storage_status_reason
+    assert engine.cache.storage is None and "StorageUnavailable" in engine.storage_admin.unavailable
     assert generate(engine, prompt(1, 40)).output_ids

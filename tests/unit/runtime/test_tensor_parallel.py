@@ -69,7 +69,7 @@ def test_a_dead_follower_stops_the_server(oracles, tmp_path):
         deadline = time.monotonic() + 60
         follower = None
         while follower is None and time.monotonic() < deadline:
-            out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "cache_runtime.tp"], capture_output=True,
+            out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "cache_runtime.engine.tp"], capture_output=True,
                                  text=True).stdout.split()
             follower = int(out[0]) if out else None
             time.sleep(0.2)

@@ -1,9 +1,9 @@
-"""Tensor parallelism inside one server: rank 0 leads, ranks 1..N-1 follow.
+"""Tensor parallelism inside one server, the transport between ranks: rank 0 leads, ranks 1..N-1 follow.
 
 Rank 0 is the server process: it owns the scheduler, the radix tree, every allocation and all L3
 I/O. Followers are processes it starts (one per extra GPU on CUDA, NCCL for the activations'
-all-reduce; gloo on CPU). Each holds its share of the weights, its own L1 pool (its KV heads) and
-its own L2 pool, a shared-memory file rank 0 also maps. Everything that touches a follower's
+all-reduce; gloo on CPU). Each runs the same ``ModelRunner`` as rank 0: its share of the weights,
+its own L1 pool (its KV heads) and its own L2 pool, a shared-memory file rank 0 also maps. Everything that touches a follower's
 pools is a command rank 0 broadcasts, executed in order: L2->L1 loads and L1->L2 backups, then
 the forward (whose all-reduces keep the ranks in step). Because a follower executes commands in
 rank 0's order, a slot rank 0 frees and reuses is reused there after the old copy too. L3 reads
@@ -34,11 +34,8 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
-from cache_runtime import cpu_kernels
 from cache_runtime.args import ServerArgs
-from cache_runtime.memory import DevicePool, HostPool
-from cache_runtime.models import load_model
-from cache_runtime.models.base import Shard
+from cache_runtime.engine.runner import ModelRunner, model_setup
 from cache_runtime.models.layers import ForwardBatch, SeqSpan
 from cache_runtime.transfer import backup_layers, prepare_load
 
@@ -92,14 +89,11 @@ class Leader:
         for r in range(1, self.world):
             spec = {"rank": r, "world": self.world, "port": port, "args": asdict(args), "host_tokens": host_tokens,
                     "host_file": self.host_files[r - 1] if host_tokens else None, "done_file": done_file}
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "cache_runtime.tp", json.dumps(spec)],
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "cache_runtime.engine.tp", json.dumps(spec)],
                                                stdin=subprocess.DEVNULL))
         self._stopping = threading.Event()
         threading.Thread(target=self._watch, daemon=True, name="tp-followers").start()
         _init(0, self.world, port, device)
-
-    def shard(self) -> Shard:
-        return Shard(0, self.world)
 
     # ---- engine thread -------------------------------------------------------------------------
     def send(self, cmd: tuple) -> None:
@@ -171,11 +165,26 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def execute(runner: ModelRunner, cmd: tuple, io_backend: str) -> None:
+    """Runs one of rank 0's commands on this follower's model and pools."""
+    op, device = cmd[0], runner.device
+    if op == "forward":
+        _, ids, positions, out_slots, seqs = cmd
+        runner.forward(ForwardBatch(ids.to(device), positions.to(device), out_slots.to(device),
+                                    [SeqSpan(a, n, ctx.to(device), False) for a, n, ctx, _ in seqs]))
+    elif op == "load":  # L2 -> L1, every layer
+        _, host_slots, device_slots = cmd
+        loads = prepare_load(runner.device_pool, runner.host_pool, host_slots, device_slots, io_backend)
+        for layer in range(loads.num_layers):
+            loads.load(layer)
+    elif op == "backup":  # L1 -> L2
+        _, device_slots, host_slots = cmd
+        backup_layers(runner.device_pool, runner.host_pool, device_slots, host_slots, io_backend)
+
+
 def follower_main(rank: int, world: int, port: int, args_dict: dict, host_tokens: int | None,
                   host_file: str | None, done_file: str) -> None:
     """A follower rank: loads its shard and pools, then executes rank 0's commands until told to stop."""
-    from cache_runtime.scheduler import model_setup  # the engine's own resolution of dtype and context
-
     _die_with_parent()
     args = ServerArgs(**args_dict)
     logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
@@ -185,42 +194,17 @@ def follower_main(rank: int, world: int, port: int, args_dict: dict, host_tokens
     if device.type == "cuda":
         torch.cuda.set_device(device)
     _init(rank, world, port, device)
-    loaded = load_model(args.model_path, setup.dtype, device, setup.context_length, shard=Shard(rank, world))
-    if device.type == "cpu":
-        cpu_kernels.calibrate(loaded.model.layer_matrices())
-    cfg = loaded.cfg
-    heads, width = cfg.kv_row(world)
-    dev = DevicePool(args.max_total_tokens, args.page_size, cfg.num_layers, heads, width, setup.kv_dtype, device,
-                     mla=cfg.is_mla)
-    host = None
-    if host_tokens:
-        host = HostPool(host_tokens, args.page_size, cfg.num_layers, heads, width, setup.kv_dtype,
-                        args.hicache_mem_layout, pin=device.type == "cuda", mla=cfg.is_mla, buffer_file=host_file)
+    runner = ModelRunner(args, setup, rank, host_tokens, [host_file])
     done = _done_counters(done_file, world)
-    model = loaded.model
-    io = args.hicache_io_backend
     while True:
         box = [None]
         dist.broadcast_object_list(box, src=0)
         seq, cmds = box[0]
         for cmd in cmds:
-            op = cmd[0]
-            if op == "stop":
+            if cmd[0] == "stop":
                 dist.destroy_process_group()
                 return
-            if op == "forward":
-                _, ids, positions, out_slots, seqs = cmd
-                batch = ForwardBatch(ids.to(device), positions.to(device), out_slots.to(device),
-                                     [SeqSpan(a, n, ctx.to(device), False) for a, n, ctx, _ in seqs])
-                model(batch, dev.k, dev.v)
-            elif op == "load":  # L2 -> L1, every layer
-                _, host_slots, device_slots = cmd
-                loads = prepare_load(dev, host, host_slots, device_slots, io)
-                for layer in range(loads.num_layers):
-                    loads.load(layer)
-            elif op == "backup":  # L1 -> L2
-                _, device_slots, host_slots = cmd
-                backup_layers(dev, host, device_slots, host_slots, io)
+            execute(runner, cmd, args.hicache_io_backend)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         done[rank] = seq
