@@ -5,7 +5,9 @@ The operator's packages form a stack; a module imports only from its own layer a
     api -> fleet -> plan -> io -> rollout -> control -> tools      (then ``__main__`` on top)
 
 ``router_gate`` runs alone in the router pod and imports nothing of the operator. Every import
-counts, also one inside a function: a deferred import that closes a cycle is still a cycle.
+counts, also one inside a function: a deferred import that closes a cycle is still a cycle. And no
+module of the shipped or shared packages is over ``MAX_LINES`` unless the first paragraph of its
+docstring says why it must be one unit.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ OPERATOR = "hicache_operator"
 LAYERS = ("api", "fleet", "plan", "io", "rollout", "control", "tools")
 TOP = {f"{OPERATOR}.__main__"}
 ALONE = {f"{OPERATOR}.router_gate"}
+MAX_LINES = 450
+SIZED = (OPERATOR, "cache_runtime", "kernels", "localcluster", "testbed")
 SKIP_DIRS = {".venv", ".venv-sglang", ".git", "build", "node_modules", "__pycache__", ".hypothesis"}
 
 
@@ -160,6 +164,18 @@ def test_every_operator_module_sits_in_a_layer_and_imports_only_below(edges):
 def test_no_import_cycle_in_the_project(edges):
     assert {m.split(".")[0] for m in edges} >= {OPERATOR, "cache_runtime", "kernels", "localcluster", "testbed", "tests"}
     assert cycles(edges) == []
+
+
+def test_no_module_over_the_line_limit_without_saying_why():
+    over = []
+    for name, path in project_modules().items():
+        if name.split(".")[0] not in SIZED:
+            continue
+        text = path.read_text()
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if text.count("\n") > MAX_LINES and "one unit" not in doc.split("\n\n")[0]:
+            over.append(f"{name}: {text.count(chr(10))} lines")
+    assert over == []
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
